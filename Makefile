@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: MIT
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP_BASE := $(VENV)/.installed-base
+STAMP_ALL := $(VENV)/.installed-all
+
+.PHONY: demo test lint typecheck unasync services bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP_BASE): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(STAMP_ALL): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e '.[all,dev]'
+	touch $@ $(STAMP_BASE)
+
+demo: $(STAMP_BASE)
+	$(BIN)/onceonly demo $(DEMO_ARGS)
+
+services:
+	scripts/services
+
+lint: $(STAMP_ALL)
+	$(BIN)/ruff check src tests bench tools
+	$(BIN)/ruff format --check src tests bench tools
+	$(BIN)/python tools/unasync.py --check
+
+typecheck: $(STAMP_ALL)
+	$(BIN)/mypy
+
+test: $(STAMP_ALL) services lint typecheck
+	CI=$${CI:-} $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP_ALL) services
+	$(BIN)/python bench/inbox_pg.py
+	$(BIN)/python bench/leased_roundtrips.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,296 @@
+# SPDX-License-Identifier: MIT
+"""The record state machine (docs/spec.md §2), as pure functions.
+
+States and transitions::
+
+    absent ──claim──────────────▶ in_progress ──complete──▶ completed
+                                   │   ▲    │                   │
+                         fail      │   │    │ lease lapsed      │ past expires_at:
+                                   ▼   │    ▼ (reclaim, new     │ behaves as absent
+    dead ◀──attempts ≥ max──── failed ─┘      token, attempt+1)  ▼ (claim again)
+      │                      retry: new token
+      └── redrive (operator only) ──▶ in_progress
+
+Rules, in the order :func:`decide` applies them to an existing record:
+
+1. A completed record whose ``expires_at`` has passed is treated as absent: the claim
+   is taken again with a fresh token, zero attempts and the new fingerprint.
+2. A different fingerprint is a :data:`Action.MISMATCH` in every other state.
+3. ``completed`` → :data:`Action.REPLAY` of the stored result (or cached error).
+4. ``dead`` → :data:`Action.DEAD`; only an operator redrive leaves it.
+5. ``in_progress`` with a live lease → :data:`Action.IN_FLIGHT`; with a lapsed lease the
+   claim is taken over (new token) and the lapsed run counts as a failed attempt; if that
+   reaches ``max_attempts`` the record becomes ``dead`` instead.
+6. ``failed`` → retried with a new token while ``attempts < max_attempts``, else dead.
+
+Every write is a :class:`Write`: the whole new row except times, which the store fills in
+from its own clock (``lease_seconds`` and ``ttl_seconds`` are relative to the store's now).
+Every update is conditional on the token the writer last saw (fencing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+from onceonly.errors import CorruptRecord
+
+
+class State(str, enum.Enum):
+    """The state of a record."""
+
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    DEAD = "dead"
+
+    @classmethod
+    def parse(cls, value: str, *, key: str | None = None) -> State:
+        """The state stored as ``value``; :class:`CorruptRecord` for an unknown one."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise CorruptRecord(
+                f"unknown record state {value!r}; refusing to guess", key=key
+            ) from None
+
+
+@dataclass(frozen=True)
+class Record:
+    """One stored record, as read from a store. Times are epoch seconds on the store clock."""
+
+    scope: str
+    key: str
+    state: State
+    fingerprint: str | None
+    token: int
+    attempts: int
+    lease_until: float | None = None
+    result: str | None = None
+    error: str | None = None
+    payload: str | None = None
+    checkpoint: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    completed_at: float | None = None
+    expires_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Write:
+    """The new content of a record. The store stamps the times from its own clock.
+
+    ``lease_seconds``: ``lease_until = now + lease_seconds`` (``None``: no lease).
+    ``ttl_seconds``: ``expires_at = now + ttl_seconds`` (``None``: never expires).
+    ``completed``: ``completed_at = now``.
+    """
+
+    state: State
+    token: int
+    fingerprint: str | None
+    attempts: int
+    lease_seconds: float | None = None
+    result: str | None = None
+    error: str | None = None
+    payload: str | None = None
+    checkpoint: str | None = None
+    ttl_seconds: float | None = None
+    completed: bool = False
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a claim is allowed to do.
+
+    Args:
+        lease_seconds: how long a claim is held before another worker may take it over.
+        max_attempts: failed attempts after which the record is ``dead`` (>= 1).
+    """
+
+    lease_seconds: float
+    max_attempts: int = 5
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if not self.lease_seconds > 0:
+            raise ValueError("the lease must be positive")
+
+
+class Action(str, enum.Enum):
+    """What the caller of :func:`decide` does next."""
+
+    RUN = "run"  # the claim is yours once ``Decision.write`` is stored: run the handler
+    REPLAY = "replay"  # return the stored result (or raise the cached error)
+    IN_FLIGHT = "in_flight"  # someone else holds a live claim: wait, then report
+    MISMATCH = "mismatch"  # same key, other payload
+    DEAD = "dead"  # poison: store ``Decision.write`` if any, then report
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of :func:`decide`.
+
+    ``write`` is what must be stored (insert when ``record`` is None, otherwise an update
+    conditional on ``record.token``) before acting; ``None`` means nothing to store.
+    ``attempt`` is the 1-based number of the run a RUN decision starts.
+    """
+
+    action: Action
+    record: Record | None
+    write: Write | None = None
+    attempt: int = 0
+    retry_after: float | None = None
+
+
+def is_expired(record: Record, now: float) -> bool:
+    """A completed record past ``expires_at`` behaves as absent."""
+    return (
+        record.state is State.COMPLETED
+        and record.expires_at is not None
+        and record.expires_at <= now
+    )
+
+
+def claim_write(fingerprint: str | None, token: int, policy: Policy, attempts: int = 0) -> Write:
+    """The write that takes a claim: ``in_progress`` under ``token`` with a fresh lease."""
+    return Write(
+        state=State.IN_PROGRESS,
+        token=token,
+        fingerprint=fingerprint,
+        attempts=attempts,
+        lease_seconds=policy.lease_seconds,
+    )
+
+
+def dead_write(record: Record, attempts: int, error: str | None) -> Write:
+    """The write that parks ``record`` as ``dead``."""
+    return Write(
+        state=State.DEAD,
+        token=record.token,
+        fingerprint=record.fingerprint,
+        attempts=attempts,
+        error=error,
+        payload=record.payload,
+    )
+
+
+def decide(
+    record: Record | None,
+    now: float,
+    fingerprint: str | None,
+    policy: Policy,
+    token: int,
+) -> Decision:
+    """Decide what a delivery of a key does, given the record the store holds (or None).
+
+    Args:
+        record: the committed record, or ``None`` when the key is absent.
+        now: the store's current time, epoch seconds.
+        fingerprint: the incoming payload's fingerprint (``None``: not checked).
+        policy: lease and attempt limits.
+        token: a fresh fencing token to use if this delivery takes the claim.
+
+    Returns:
+        A :class:`Decision`; the function has no side effects.
+    """
+    if record is None or is_expired(record, now):
+        return Decision(Action.RUN, record, claim_write(fingerprint, token, policy), attempt=1)
+    if (
+        fingerprint is not None
+        and record.fingerprint is not None
+        and fingerprint != record.fingerprint
+    ):
+        return Decision(Action.MISMATCH, record)
+    state = record.state
+    if state is State.COMPLETED:
+        return Decision(Action.REPLAY, record)
+    if state is State.DEAD:
+        return Decision(Action.DEAD, record)
+    if state is State.IN_PROGRESS:
+        lease_until = record.lease_until if record.lease_until is not None else now
+        if lease_until > now:
+            return Decision(Action.IN_FLIGHT, record, retry_after=lease_until - now)
+        attempts = record.attempts + 1  # the lapsed run counts as a failed attempt
+        if attempts >= policy.max_attempts:
+            error = record.error or "lease expired (the worker died or stalled)"
+            return Decision(Action.DEAD, record, dead_write(record, attempts, error))
+        return Decision(
+            Action.RUN,
+            record,
+            dataclasses.replace(
+                claim_write(record.fingerprint, token, policy, attempts),
+                checkpoint=record.checkpoint,
+            ),
+            attempt=attempts + 1,
+        )
+    # FAILED
+    if record.attempts >= policy.max_attempts:
+        return Decision(Action.DEAD, record, dead_write(record, record.attempts, record.error))
+    return Decision(
+        Action.RUN,
+        record,
+        dataclasses.replace(
+            claim_write(record.fingerprint, token, policy, record.attempts),
+            checkpoint=record.checkpoint,
+        ),
+        attempt=record.attempts + 1,
+    )
+
+
+def complete_write(record: Record, result: str, ttl_seconds: float | None) -> Write:
+    """The write that completes the claim held as ``record`` with an encoded ``result``."""
+    return Write(
+        state=State.COMPLETED,
+        token=record.token,
+        fingerprint=record.fingerprint,
+        attempts=record.attempts,
+        result=result,
+        ttl_seconds=ttl_seconds,
+        completed=True,
+    )
+
+
+def cached_error_write(
+    record: Record, error: str, result: str, ttl_seconds: float | None
+) -> Write:
+    """Complete with a cached error: duplicates re-raise it instead of running again."""
+    return dataclasses.replace(complete_write(record, result, ttl_seconds), error=error)
+
+
+def fail_write(
+    record: Record | None,
+    fingerprint: str | None,
+    token: int,
+    error: str,
+    payload: str | None,
+    max_attempts: int,
+) -> Write:
+    """The write that records a failed run of the claim ``record`` (``None``: never stored).
+
+    The payload snapshot is kept so an operator can redrive the message. At
+    ``max_attempts`` failures the record becomes ``dead``.
+    """
+    attempts = (record.attempts if record is not None else 0) + 1
+    return Write(
+        state=State.DEAD if attempts >= max_attempts else State.FAILED,
+        token=token,
+        fingerprint=record.fingerprint if record is not None else fingerprint,
+        attempts=attempts,
+        error=error,
+        payload=payload,
+        checkpoint=record.checkpoint if record is not None else None,
+    )
+
+
+def redrive_write(record: Record, token: int) -> Write:
+    """An operator's redrive of a dead or failed record: failed with zero attempts."""
+    return Write(
+        state=State.FAILED,
+        token=token,
+        fingerprint=record.fingerprint,
+        attempts=0,
+        error=record.error,
+        payload=record.payload,
+    )

@@ -1,0 +1,169 @@
+# SPDX-License-Identifier: MIT
+"""Every exception onceonly raises.
+
+The tree is organised by what the caller does next::
+
+    OnceOnlyError
+    ├── InvalidKey            (ValueError)   fix the key; nothing was stored
+    ├── PayloadMismatch       (ValueError)   same key, other payload: a client bug, never a replay
+    ├── TooLarge              (ValueError)   payload or result past the configured limit
+    ├── EncodingError         (TypeError)    a result that cannot be encoded as JSON
+    ├── ConfigurationError    (ValueError)   bad URL, table name, option or missing extra
+    ├── InFlight                             another worker holds a live claim: retry later / nack / 409
+    ├── DeadLettered                         max_attempts reached: route to a dead-letter destination
+    ├── LeaseLost                            your claim was taken over: discard your result
+    └── StoreError                           the store failed
+        ├── StoreUnavailable                 transient (connection lost, busy): retry the delivery
+        └── CorruptRecord                    a row the library does not understand (unknown state)
+
+A duplicate that replays is *not* an error: it is an ``Outcome`` with
+``replayed=True``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "CorruptRecord",
+    "DeadLettered",
+    "EncodingError",
+    "InFlight",
+    "InvalidKey",
+    "LeaseLost",
+    "OnceOnlyError",
+    "PayloadMismatch",
+    "StoreError",
+    "StoreUnavailable",
+    "TooLarge",
+]
+
+
+class OnceOnlyError(Exception):
+    """Root of every onceonly error.
+
+    Attributes:
+        key: the idempotency key involved, when there is one.
+        scope: the scope (consumer, function) involved, when there is one.
+        status_hint: the HTTP status an API would answer with.
+    """
+
+    status_hint: int = 500
+
+    def __init__(self, message: str, *, key: str | None = None, scope: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.key = key
+        self.scope = scope
+
+
+class InvalidKey(OnceOnlyError, ValueError):
+    """The key is not a 1..255 character string without control characters.
+
+    Fix the producer of the key; nothing was written.
+    """
+
+    status_hint = 400
+
+
+class PayloadMismatch(OnceOnlyError, ValueError):
+    """The key was already used with another payload.
+
+    This is a client bug (a reused key), never a replay: answer 422 or route the
+    message to a dead-letter destination. The stored record is untouched.
+    """
+
+    status_hint = 422
+
+
+class TooLarge(OnceOnlyError, ValueError):
+    """A payload or result is larger than the configured limit.
+
+    Raise the limit (``max_result_bytes``) or store less. Nothing was written.
+    """
+
+    status_hint = 413
+
+
+class EncodingError(OnceOnlyError, TypeError):
+    """A result could not be encoded as JSON (dataclasses and JSON types are supported)."""
+
+
+class ConfigurationError(OnceOnlyError, ValueError):
+    """A store URL, table name, option or missing optional dependency is wrong."""
+
+
+class InFlight(OnceOnlyError):
+    """Another worker holds a live claim on this key.
+
+    Negatively acknowledge the message (or answer 409) and let it come back later.
+
+    Attributes:
+        retry_after: seconds until the holder's lease runs out, when known.
+    """
+
+    status_hint = 409
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        scope: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, key=key, scope=scope)
+        self.retry_after = retry_after
+
+
+class DeadLettered(OnceOnlyError):
+    """The key has failed ``max_attempts`` times and is parked as ``dead``.
+
+    Route the message to a dead-letter destination and acknowledge it; an operator
+    can redrive it later.
+
+    Attributes:
+        attempts: how many attempts failed.
+        error: the last error summary.
+    """
+
+    status_hint = 422
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        scope: str | None = None,
+        attempts: int = 0,
+        error: str | None = None,
+    ) -> None:
+        super().__init__(message, key=key, scope=scope)
+        self.attempts = attempts
+        self.error = error
+
+
+class LeaseLost(OnceOnlyError):
+    """The lease lapsed and another worker took the claim over (fencing token changed).
+
+    Your result was discarded; the other worker's result stands. Do not acknowledge
+    as if you had completed.
+    """
+
+    status_hint = 409
+
+
+class StoreError(OnceOnlyError):
+    """The store failed. The delivery should be retried; committed records are intact."""
+
+    status_hint = 503
+
+
+class StoreUnavailable(StoreError):
+    """A transient store failure: connection lost, database busy, timeout. Retry."""
+
+
+class CorruptRecord(StoreError):
+    """A record in the table cannot be understood (an unknown state, undecodable data).
+
+    Inspect the row; onceonly will not guess and will not overwrite it.
+    """

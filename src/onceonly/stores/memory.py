@@ -1,0 +1,207 @@
+# SPDX-License-Identifier: MIT
+"""An in-process store for tests and examples (``memory://``).
+
+Records live in a dict guarded by one lock. A transaction holds a per-key lock on every
+key it claims until it ends (so a concurrent duplicate waits, like a row lock in
+PostgreSQL) and buffers its writes, applying them on commit and dropping them on
+rollback. The clock is injectable (see :class:`onceonly.testing.ManualClock`).
+It has no SQL: ``execute`` raises :class:`~onceonly.ConfigurationError`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from onceonly._core.state import Record, State, Write
+from onceonly.errors import ConfigurationError, InFlight
+from onceonly.types import Params, Snapshot
+
+__all__ = ["MemoryStore"]
+
+_Key = tuple[str, str]
+
+
+def apply_write(scope: str, key: str, write: Write, now: float, old: Record | None) -> Record:
+    """The record that results from storing ``write`` at ``now`` over ``old``."""
+    return Record(
+        scope=scope,
+        key=key,
+        state=write.state,
+        fingerprint=write.fingerprint,
+        token=write.token,
+        attempts=write.attempts,
+        lease_until=None if write.lease_seconds is None else now + write.lease_seconds,
+        result=write.result,
+        error=write.error,
+        payload=write.payload,
+        checkpoint=write.checkpoint,
+        created_at=old.created_at if old is not None else now,
+        updated_at=now,
+        completed_at=now if write.completed else None,
+        expires_at=None if write.ttl_seconds is None else now + write.ttl_seconds,
+    )
+
+
+class MemorySession:
+    """A session of :class:`MemoryStore`; buffered when inside a transaction."""
+
+    def __init__(self, store: MemoryStore, *, transactional: bool, lock_wait: float) -> None:
+        self._store = store
+        self._transactional = transactional
+        self._lock_wait = lock_wait
+        self._pending: dict[_Key, Record] = {}
+        self._held: list[threading.Lock] = []
+
+    @property
+    def connection(self) -> Any:
+        return self._store
+
+    def execute(self, sql: str, params: Params = None) -> Any:
+        raise ConfigurationError("the memory store has no SQL; use a SQL store for tx.execute()")
+
+    # -- reads see this transaction's own writes first
+    def _read(self, k: _Key) -> Record | None:
+        if k in self._pending:
+            return self._pending[k]
+        return self._store._records.get(k)
+
+    def _lock_key(self, k: _Key) -> None:
+        if not self._transactional:
+            return
+        lock = self._store._key_lock(k)
+        if lock in self._held:
+            return
+        if not lock.acquire(timeout=self._lock_wait):
+            raise InFlight(
+                "another transaction holds this key", scope=k[0], key=k[1], retry_after=None
+            )
+        self._held.append(lock)
+
+    def _put(self, k: _Key, record: Record) -> None:
+        if self._transactional:
+            self._pending[k] = record
+        else:
+            self._store._records[k] = record
+
+    def claim(self, scope: str, key: str, write: Write) -> Snapshot:
+        k = (scope, key)
+        self._lock_key(k)
+        with self._store._lock:
+            now = self._store.clock()
+            current = self._read(k)
+            if current is not None:
+                return Snapshot(current, now)
+            record = apply_write(scope, key, write, now, None)
+            self._put(k, record)
+            return Snapshot(record, now, inserted=True)
+
+    def get(self, scope: str, key: str) -> Snapshot:
+        with self._store._lock:
+            return Snapshot(self._read((scope, key)), self._store.clock())
+
+    def update(self, scope: str, key: str, expect_token: int, write: Write) -> Record | None:
+        k = (scope, key)
+        self._lock_key(k)
+        with self._store._lock:
+            current = self._read(k)
+            if current is None or current.token != expect_token:
+                return None
+            record = apply_write(scope, key, write, self._store.clock(), current)
+            self._put(k, record)
+            return record
+
+    def insert(self, scope: str, key: str, write: Write) -> Record | None:
+        snap = self.claim(scope, key, write)
+        return snap.record if snap.inserted else None
+
+    def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
+        k = (scope, key)
+        with self._store._lock:
+            current = self._read(k)
+            if current is None or current.token != token or current.state is not State.IN_PROGRESS:
+                return None
+            until = self._store.clock() + lease_seconds
+            self._put(k, _replace(current, lease_until=until))
+            return until
+
+    def save_checkpoint(self, scope: str, key: str, token: int, checkpoint: str) -> bool:
+        k = (scope, key)
+        with self._store._lock:
+            current = self._read(k)
+            if current is None or current.token != token or current.state is not State.IN_PROGRESS:
+                return False
+            self._put(k, _replace(current, checkpoint=checkpoint, updated_at=self._store.clock()))
+            return True
+
+    # -- transaction end
+    def _finish(self, commit: bool) -> None:
+        try:
+            if commit and self._pending:
+                with self._store._lock:
+                    self._store._records.update(self._pending)
+        finally:
+            self._pending.clear()
+            for lock in self._held:
+                lock.release()
+            self._held.clear()
+
+
+def _replace(record: Record, **changes: Any) -> Record:
+    import dataclasses
+
+    return dataclasses.replace(record, **changes)
+
+
+class MemoryStore:
+    """Records in process memory. Not shared between processes; lost on exit.
+
+    Args:
+        clock: returns the store's now in epoch seconds (default ``time.time``).
+    """
+
+    atomic = True
+
+    def __init__(self, *, clock: Callable[[], float] | None = None, url: str = "memory://") -> None:
+        self.url = url
+        self.clock: Callable[[], float] = clock or time.time
+        self._records: dict[_Key, Record] = {}
+        self._lock = threading.Lock()
+        self._key_locks: dict[_Key, threading.Lock] = {}
+
+    def _key_lock(self, k: _Key) -> threading.Lock:
+        with self._lock:
+            lock = self._key_locks.get(k)
+            if lock is None:
+                lock = self._key_locks[k] = threading.Lock()
+            return lock
+
+    def migrate(self) -> None:
+        """Nothing to create; present for the common contract."""
+
+    @contextmanager
+    def transaction(self, connection: Any = None, *, lock_wait: float = 5.0) -> Iterator[MemorySession]:
+        if connection is not None and connection is not self:
+            raise ConfigurationError("the memory store cannot join a foreign connection")
+        session = MemorySession(self, transactional=True, lock_wait=lock_wait)
+        try:
+            yield session
+        except BaseException:
+            session._finish(commit=False)
+            raise
+        session._finish(commit=True)
+
+    @contextmanager
+    def session(self) -> Iterator[MemorySession]:
+        yield MemorySession(self, transactional=False, lock_wait=0.0)
+
+    def records(self) -> list[Record]:
+        """Every committed record (for tests and inspection)."""
+        with self._lock:
+            return list(self._records.values())
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,138 @@
+# SPDX-License-Identifier: MIT
+"""The store contract: the few record operations every backend provides.
+
+A store hands out *sessions*. A session is one connection, either inside a
+transaction (``store.transaction()``: atomic mode, the handler's writes share it) or
+in autocommit (``store.session()``: leased mode, each operation commits on its own).
+Every operation is a single round trip. All semantics (what to write, when) live in
+``onceonly._core.state``; a store only reads and conditionally writes rows, stamping
+times from **its own clock**.
+
+Sync and async contracts have the same method names; ``AsyncStore``/``AsyncSession``
+are awaited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from onceonly._core.state import Record, Write
+
+__all__ = ["AsyncSession", "AsyncStore", "Session", "Snapshot", "Store"]
+
+Params = Sequence[Any] | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A record (or its absence) read together with the store's clock.
+
+    ``inserted`` is true when the read was a claim that inserted this record.
+    """
+
+    record: Record | None
+    now: float
+    inserted: bool = False
+
+
+class Session(Protocol):
+    """One connection of a sync store (see the module docstring)."""
+
+    @property
+    def connection(self) -> Any:
+        """The driver connection (``sqlite3.Connection``, ``psycopg.Connection``, …)."""
+
+    def execute(self, sql: str, params: Params = None) -> Any:
+        """Run the caller's SQL (``?`` placeholders) on this session; returns a cursor."""
+
+    def claim(self, scope: str, key: str, write: Write) -> Snapshot:
+        """Insert ``write`` if ``(scope, key)`` is absent; else return the current record.
+
+        In a transaction, a concurrent uncommitted claim of the same key is waited for
+        (up to the transaction's lock wait, then :class:`~onceonly.InFlight`).
+        """
+
+    def get(self, scope: str, key: str) -> Snapshot:
+        """Read the record of ``(scope, key)``."""
+
+    def update(self, scope: str, key: str, expect_token: int, write: Write) -> Record | None:
+        """Store ``write`` if the record's token is still ``expect_token``; else ``None``."""
+
+    def insert(self, scope: str, key: str, write: Write) -> Record | None:
+        """Insert ``write`` if ``(scope, key)`` is absent; else ``None``."""
+
+    def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
+        """Extend an ``in_progress`` claim held under ``token``; the new ``lease_until``."""
+
+    def save_checkpoint(self, scope: str, key: str, token: int, checkpoint: str) -> bool:
+        """Store the checkpoint text on an ``in_progress`` claim held under ``token``."""
+
+
+class Store(Protocol):
+    """A sync store of records."""
+
+    url: str
+    atomic: bool  # whether transaction() can hold the caller's SQL writes
+
+    def migrate(self) -> None:
+        """Create or upgrade the tables; safe to repeat and to run concurrently."""
+
+    def transaction(
+        self, connection: Any = None, *, lock_wait: float = 5.0
+    ) -> AbstractContextManager[Session]:
+        """A session inside one transaction, committed on success, rolled back on error.
+
+        With ``connection`` (already inside a transaction), the session joins it inside
+        a savepoint and never commits it.
+        """
+
+    def session(self) -> AbstractContextManager[Session]:
+        """An autocommit session: every operation commits on its own."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+class AsyncSession(Protocol):
+    """One connection of an async store; the methods of :class:`Session`, awaited."""
+
+    @property
+    def connection(self) -> Any: ...
+
+    async def execute(self, sql: str, params: Params = None) -> Any: ...
+
+    async def claim(self, scope: str, key: str, write: Write) -> Snapshot: ...
+
+    async def get(self, scope: str, key: str) -> Snapshot: ...
+
+    async def update(
+        self, scope: str, key: str, expect_token: int, write: Write
+    ) -> Record | None: ...
+
+    async def insert(self, scope: str, key: str, write: Write) -> Record | None: ...
+
+    async def renew(
+        self, scope: str, key: str, token: int, lease_seconds: float
+    ) -> float | None: ...
+
+    async def save_checkpoint(self, scope: str, key: str, token: int, checkpoint: str) -> bool: ...
+
+
+class AsyncStore(Protocol):
+    """An async store of records; the methods of :class:`Store`, awaited."""
+
+    url: str
+    atomic: bool
+
+    async def migrate(self) -> None: ...
+
+    def transaction(
+        self, connection: Any = None, *, lock_wait: float = 5.0
+    ) -> AbstractAsyncContextManager[AsyncSession]: ...
+
+    def session(self) -> AbstractAsyncContextManager[AsyncSession]: ...
+
+    async def close(self) -> None: ...
