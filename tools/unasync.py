@@ -101,7 +101,11 @@ def _format(text: str, target: Path) -> str:
     ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
     proc = subprocess.run(
         [ruff, "format", "--stdin-filename", str(target), "-"],
-        input=text, capture_output=True, text=True, check=True, cwd=ROOT,
+        input=text,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
     )
     return proc.stdout
 

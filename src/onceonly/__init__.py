@@ -1,1 +1,70 @@
-"""onceonly."""
+# SPDX-License-Identifier: MIT
+"""onceonly: make at-least-once consumers and retried requests produce their effects once.
+
+Atomic mode (``Inbox``): the claim, the handler's database writes and the completion
+commit in one transaction. Leased mode (``idempotent``): a fenced, renewed lease for
+effects outside the database. See docs/spec.md for the precise guarantees.
+"""
+
+import logging as _logging
+
+from onceonly.decorator import idempotent
+from onceonly.errors import (
+    ConfigurationError,
+    CorruptRecord,
+    DeadLettered,
+    EncodingError,
+    InFlight,
+    InvalidKey,
+    LeaseLost,
+    OnceOnlyError,
+    PayloadMismatch,
+    ReplayedError,
+    StoreError,
+    StoreUnavailable,
+    TooLarge,
+)
+from onceonly.inbox import Inbox, Tx
+from onceonly.inbox_async import AsyncInbox, AsyncTx
+from onceonly.keys import composite_key, content_key, time_window_key, uuid7, validate_key
+from onceonly.leased import Claim, current_claim
+from onceonly.leased_async import AsyncClaim, current_async_claim
+from onceonly.open import open_async_store, open_store
+from onceonly.outcome import Outcome
+
+__version__ = "0.1.0"
+
+_logging.getLogger("onceonly").addHandler(_logging.NullHandler())
+
+__all__ = [
+    "AsyncClaim",
+    "AsyncInbox",
+    "AsyncTx",
+    "Claim",
+    "ConfigurationError",
+    "CorruptRecord",
+    "DeadLettered",
+    "EncodingError",
+    "InFlight",
+    "Inbox",
+    "InvalidKey",
+    "LeaseLost",
+    "OnceOnlyError",
+    "Outcome",
+    "PayloadMismatch",
+    "ReplayedError",
+    "StoreError",
+    "StoreUnavailable",
+    "TooLarge",
+    "Tx",
+    "composite_key",
+    "content_key",
+    "current_async_claim",
+    "current_claim",
+    "idempotent",
+    "open_async_store",
+    "open_store",
+    "time_window_key",
+    "uuid7",
+    "validate_key",
+]

@@ -9,9 +9,10 @@ The tree is organised by what the caller does next::
     ├── TooLarge              (ValueError)   payload or result past the configured limit
     ├── EncodingError         (TypeError)    a result that cannot be encoded as JSON
     ├── ConfigurationError    (ValueError)   bad URL, table name, option or missing extra
-    ├── InFlight                             another worker holds a live claim: retry later / nack / 409
-    ├── DeadLettered                         max_attempts reached: route to a dead-letter destination
+    ├── InFlight                             a live claim elsewhere: retry later / nack / 409
+    ├── DeadLettered                         max_attempts reached: dead-letter it
     ├── LeaseLost                            your claim was taken over: discard your result
+    ├── ReplayedError                        a cached error whose class could not be rebuilt
     └── StoreError                           the store failed
         ├── StoreUnavailable                 transient (connection lost, busy): retry the delivery
         └── CorruptRecord                    a row the library does not understand (unknown state)
@@ -32,6 +33,7 @@ __all__ = [
     "LeaseLost",
     "OnceOnlyError",
     "PayloadMismatch",
+    "ReplayedError",
     "StoreError",
     "StoreUnavailable",
     "TooLarge",
@@ -150,6 +152,16 @@ class LeaseLost(OnceOnlyError):
     """
 
     status_hint = 409
+
+
+class ReplayedError(OnceOnlyError):
+    """A cached error (``cache_errors=``) replayed to a duplicate.
+
+    Raised when the stored exception's class is no longer among ``cache_errors``;
+    the message carries the original error summary.
+    """
+
+    status_hint = 422
 
 
 class StoreError(OnceOnlyError):

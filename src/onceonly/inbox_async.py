@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import secrets
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from onceonly import _acompat
 from onceonly._core import codec
@@ -38,8 +37,9 @@ from onceonly.errors import (
     InFlight,
     OnceOnlyError,
     PayloadMismatch,
+    ReplayedError,
 )
-from onceonly.outcome import Outcome, seconds
+from onceonly.outcome import Outcome, new_token, seconds
 from onceonly.types import AsyncSession, AsyncStore, Params
 
 __all__ = ["AsyncInbox", "AsyncTx"]
@@ -47,10 +47,6 @@ __all__ = ["AsyncInbox", "AsyncTx"]
 log = logging.getLogger("onceonly.inbox")
 
 T = TypeVar("T")
-
-
-class ReplayedError(OnceOnlyError):
-    """A cached error replayed to a duplicate whose class could not be rebuilt."""
 
 
 class AsyncTx:
@@ -76,11 +72,6 @@ class AsyncTx:
     async def execute(self, sql: str, params: Params = None) -> Any:
         """Run ``sql`` with ``?`` placeholders in the claim's transaction; returns a cursor."""
         return await self._session.execute(sql, params)
-
-
-def new_token() -> int:
-    """A fresh fencing token (63 random bits: never reused across record lifetimes)."""
-    return secrets.randbits(63) or 1
 
 
 class AsyncInbox:
@@ -140,8 +131,12 @@ class AsyncInbox:
     def _replay(self, record: Record) -> Outcome[Any]:
         if record.error is not None and record.result is not None:
             exc = codec.decode_error(record.result, self.cache_errors)
-            raise exc if exc is not None else ReplayedError(
-                f"cached error replayed: {record.error}", key=record.key, scope=record.scope
+            raise (
+                exc
+                if exc is not None
+                else ReplayedError(
+                    f"cached error replayed: {record.error}", key=record.key, scope=record.scope
+                )
             )
         result = codec.decode(record.result, self.result_type) if record.result else None
         return Outcome(result, True, record.key, record.attempts + 1)
@@ -255,7 +250,11 @@ class AsyncInbox:
         else:
             snapshot = _snapshot(payload, self.max_result_bytes) if self.keep_payload else None
             write = fail_write(
-                claimed, fp, claimed.token, codec.error_summary(exc), snapshot,
+                claimed,
+                fp,
+                claimed.token,
+                codec.error_summary(exc),
+                snapshot,
                 self.policy.max_attempts,
             )
         try:
@@ -272,14 +271,16 @@ class AsyncInbox:
         else:
             log.warning(
                 "%s/%s attempt %d failed (%s); state %s",
-                scope, key, failed.attempt, write.error, stored.state.value,
+                scope,
+                key,
+                failed.attempt,
+                write.error,
+                stored.state.value,
             )
 
     def handler(
         self, *, key: Callable[[Any], str]
-    ) -> Callable[
-        [Callable[[Any, AsyncTx], Awaitable[T]]], Callable[..., Awaitable[Outcome[T]]]
-    ]:
+    ) -> Callable[[Callable[[Any, AsyncTx], Awaitable[T]]], Callable[..., Awaitable[Outcome[T]]]]:
         """Decorate ``handler(payload, tx)``; the result is called with the payload.
 
         The decorated function takes ``(payload, *, connection=None)`` and returns an

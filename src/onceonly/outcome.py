@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import secrets
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -43,3 +44,9 @@ def seconds(value: float | dt.timedelta | None, *, what: str, allow_none: bool =
     if not out > 0:
         raise ConfigurationError(f"{what} must be positive, not {value!r}")
     return out
+
+
+def new_token() -> int:
+    """A fresh fencing token: 63 random bits, so a token is never reused for a key,
+    even after its record was purged and claimed again."""
+    return secrets.randbits(63) or 1

@@ -21,7 +21,7 @@ from typing import Any
 from onceonly.errors import EncodingError
 
 
-def _normalise(value: Any) -> Any:  # noqa: PLR0911 - one branch per JSON kind
+def _normalise(value: Any) -> Any:
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):

@@ -252,9 +252,7 @@ def complete_write(record: Record, result: str, ttl_seconds: float | None) -> Wr
     )
 
 
-def cached_error_write(
-    record: Record, error: str, result: str, ttl_seconds: float | None
-) -> Write:
+def cached_error_write(record: Record, error: str, result: str, ttl_seconds: float | None) -> Write:
     """Complete with a cached error: duplicates re-raise it instead of running again."""
     return dataclasses.replace(complete_write(record, result, ttl_seconds), error=error)
 

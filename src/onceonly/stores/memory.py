@@ -183,7 +183,9 @@ class MemoryStore:
         """Nothing to create; present for the common contract."""
 
     @contextmanager
-    def transaction(self, connection: Any = None, *, lock_wait: float = 5.0) -> Iterator[MemorySession]:
+    def transaction(
+        self, connection: Any = None, *, lock_wait: float = 5.0
+    ) -> Iterator[MemorySession]:
         if connection is not None and connection is not self:
             raise ConfigurationError("the memory store cannot join a foreign connection")
         session = MemorySession(self, transactional=True, lock_wait=lock_wait)

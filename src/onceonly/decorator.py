@@ -1,0 +1,178 @@
+# SPDX-License-Identifier: MIT
+"""``@idempotent``: leased mode for plain functions, sync or async."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
+from onceonly._core import codec
+from onceonly._core.fingerprint import fingerprint as fingerprint_of
+from onceonly._core.keys import validate_key
+from onceonly._core.state import Policy
+from onceonly.errors import ConfigurationError
+from onceonly.leased import LeasedRunner
+from onceonly.leased_async import AsyncLeasedRunner
+from onceonly.outcome import seconds
+
+__all__ = ["idempotent"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _is_async_store(store: object) -> bool:
+    return inspect.iscoroutinefunction(getattr(store, "migrate", None))
+
+
+def _return_type(fn: Callable[..., Any]) -> Any:
+    try:
+        hint = typing.get_type_hints(fn).get("return")
+    except Exception:
+        return None
+    if typing.get_origin(hint) is Coroutine:
+        hint = typing.get_args(hint)[-1]
+    return hint
+
+
+class _Idempotent:
+    def __init__(
+        self,
+        store: Any,
+        key: Callable[..., str],
+        *,
+        scope: str | None,
+        ttl: dt.timedelta | float | None,
+        lease: dt.timedelta | float,
+        max_attempts: int,
+        wait: dt.timedelta | float,
+        fingerprint: Callable[..., Any] | None,
+        check_arguments: bool,
+        cache_errors: tuple[type[BaseException], ...],
+        max_result_bytes: int,
+    ) -> None:
+        if max_attempts < 1:
+            raise ConfigurationError("max_attempts must be at least 1")
+        self.store = store
+        self.key = key
+        self.scope = scope
+        self.ttl = None if ttl is None else seconds(ttl, what="ttl")
+        self.policy = Policy(seconds(lease, what="lease"), max_attempts)
+        self.wait = seconds(wait, what="wait")
+        self.fingerprint = fingerprint
+        self.check_arguments = check_arguments
+        self.cache_errors = cache_errors
+        self.max_result_bytes = max_result_bytes
+
+    def _fp(self, sig: inspect.Signature, args: Any, kwargs: Any) -> str | None:
+        if self.fingerprint is not None:
+            return fingerprint_of(self.fingerprint(*args, **kwargs), custom=None)
+        if not self.check_arguments:
+            return None
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return fingerprint_of(dict(bound.arguments))
+
+    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        scope = validate_key(self.scope or f"{fn.__module__}.{fn.__qualname__}", what="scope")
+        sig = inspect.signature(fn)
+        opts: dict[str, Any] = {
+            "scope": scope,
+            "policy": self.policy,
+            "ttl": self.ttl,
+            "wait": self.wait,
+            "cache_errors": self.cache_errors,
+            "max_result_bytes": self.max_result_bytes,
+            "result_type": _return_type(fn),
+        }
+        if inspect.iscoroutinefunction(fn):
+            if not _is_async_store(self.store):
+                raise ConfigurationError(
+                    f"{fn.__qualname__} is async: give idempotent() an async store "
+                    "(onceonly.open_async_store)"
+                )
+            arunner = AsyncLeasedRunner(self.store, **opts)
+
+            @functools.wraps(fn)
+            async def awrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                key = validate_key(self.key(*args, **kwargs))
+                fp = self._fp(sig, args, kwargs)
+                result, _, _ = await arunner.run(key, fp, lambda: fn(*args, **kwargs))
+                return result
+
+            return awrapper
+        if _is_async_store(self.store):
+            raise ConfigurationError(
+                f"{fn.__qualname__} is sync: give idempotent() a sync store (onceonly.open_store)"
+            )
+        runner = LeasedRunner(self.store, **opts)
+
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+            key = validate_key(self.key(*args, **kwargs))
+            fp = self._fp(sig, args, kwargs)
+            result, _, _ = runner.run(key, fp, lambda: fn(*args, **kwargs))
+            return result
+
+        return wrapper
+
+
+def idempotent(
+    store: Any,
+    *,
+    key: Callable[..., str],
+    scope: str | None = None,
+    ttl: dt.timedelta | float | None = dt.timedelta(days=7),
+    lease: dt.timedelta | float = dt.timedelta(seconds=30),
+    max_attempts: int = 5,
+    wait: dt.timedelta | float = 5.0,
+    fingerprint: Callable[..., Any] | None = None,
+    check_arguments: bool = True,
+    cache_errors: tuple[type[BaseException], ...] = (),
+    max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Run the decorated function once per key; duplicates get the stored result.
+
+    Leased mode: the claim commits with a lease on the store's clock and a fencing
+    token, renewed in the background while the function runs; completion is
+    conditional on the token. Works on sync functions with a sync store and on
+    ``async def`` functions with an async store.
+
+    Args:
+        store: a store from :func:`onceonly.open_store` / :func:`onceonly.open_async_store`.
+        key: computes the idempotency key from the call's arguments.
+        scope: the namespace of the keys (default: the function's qualified name).
+        ttl: how long a completed result is replayed (``None``: for ever).
+        lease: how long a claim is held without renewal before another call may take it.
+        max_attempts: failed runs after which the key is dead-lettered.
+        wait: how long a duplicate waits for a running call before :class:`InFlight`.
+        fingerprint: computes what identifies the payload (default: all arguments).
+        check_arguments: compare the arguments of duplicates (``PayloadMismatch``).
+        cache_errors: exception classes stored and re-raised to duplicates.
+        max_result_bytes: the largest encoded result stored (:class:`TooLarge`).
+
+    Returns:
+        A decorator keeping the function's signature.
+
+    Raises:
+        ConfigurationError: a sync function with an async store, or the reverse.
+
+    .. versionadded:: 0.1
+    """
+    return _Idempotent(
+        store,
+        key,
+        scope=scope,
+        ttl=ttl,
+        lease=lease,
+        max_attempts=max_attempts,
+        wait=wait,
+        fingerprint=fingerprint,
+        check_arguments=check_arguments,
+        cache_errors=cache_errors,
+        max_result_bytes=max_result_bytes,
+    )

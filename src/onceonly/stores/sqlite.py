@@ -1,0 +1,383 @@
+# SPDX-License-Identifier: MIT
+"""The embedded default store: stdlib ``sqlite3`` (``sqlite:///path.db``).
+
+Invariants:
+
+* WAL journal, so readers never block the writer; ``synchronous=NORMAL`` by default
+  (durable across process crashes; ``?synchronous=FULL`` for power loss too).
+* A transaction is ``BEGIN IMMEDIATE``: it takes the database's write lock first, so
+  the claim, the handler's writes and the completion are serialised with every other
+  writer, including other processes. A writer that cannot get the lock within
+  ``lock_wait`` raises :class:`~onceonly.InFlight` (retry the delivery later).
+* The clock is the machine's (``time.time()``): every process sharing the file shares it.
+* Connections are pooled per process; a forked child never reuses its parent's.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from onceonly._core.sql import validate_identifier
+from onceonly._core.state import Record, State, Write
+from onceonly.errors import ConfigurationError, InFlight, StoreError, StoreUnavailable
+from onceonly.types import Params, Snapshot
+
+__all__ = ["SQLiteStore"]
+
+SCHEMA_VERSION = 1
+_COLUMNS = (
+    "scope, key, state, fingerprint, token, attempts, lease_until, result, error, payload, "
+    "checkpoint, created_at, updated_at, completed_at, expires_at"
+)
+
+
+def _record(row: Sequence[Any]) -> Record:
+    return Record(
+        scope=row[0],
+        key=row[1],
+        state=State.parse(row[2], key=row[1]),
+        fingerprint=row[3],
+        token=row[4],
+        attempts=row[5],
+        lease_until=row[6],
+        result=row[7],
+        error=row[8],
+        payload=row[9],
+        checkpoint=row[10],
+        created_at=row[11],
+        updated_at=row[12],
+        completed_at=row[13],
+        expires_at=row[14],
+    )
+
+
+def _row_values(write: Write, now: float) -> tuple[Any, ...]:
+    """state .. expires_at without scope/key/created_at, stamped at ``now``."""
+    return (
+        write.state.value,
+        write.fingerprint,
+        write.token,
+        write.attempts,
+        None if write.lease_seconds is None else now + write.lease_seconds,
+        write.result,
+        write.error,
+        write.payload,
+        write.checkpoint,
+        now,
+        now if write.completed else None,
+        None if write.ttl_seconds is None else now + write.ttl_seconds,
+    )
+
+
+@contextmanager
+def _errors(*, begin: bool = False) -> Iterator[None]:
+    """Translate sqlite3 errors raised by the store's own statements."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            if begin:
+                raise InFlight(
+                    "the database write lock was held longer than the wait (a concurrent "
+                    "delivery is running); retry later"
+                ) from exc
+            raise StoreUnavailable(f"SQLite is busy: {text}") from exc
+        if "unable to open" in text or "disk I/O" in text:
+            raise StoreUnavailable(f"SQLite is unavailable: {text}") from exc
+        raise StoreError(f"SQLite failed: {text}") from exc
+    except sqlite3.Error as exc:
+        raise StoreError(f"SQLite failed: {exc}") from exc
+
+
+class SQLiteSession:
+    """One SQLite connection, inside a transaction or in autocommit."""
+
+    def __init__(self, store: SQLiteStore, conn: sqlite3.Connection) -> None:
+        self._store = store
+        self._conn = conn
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        return self._conn
+
+    def execute(self, sql: str, params: Params = None) -> sqlite3.Cursor:
+        return self._conn.execute(sql, tuple(params) if params is not None else ())
+
+    def claim(self, scope: str, key: str, write: Write) -> Snapshot:
+        while True:
+            record = self.insert(scope, key, write)
+            if record is not None:
+                return Snapshot(record, record.updated_at, inserted=True)
+            snap = self.get(scope, key)
+            if snap.record is not None:
+                return snap
+            # purged between the two statements (autocommit only): insert again
+
+    def get(self, scope: str, key: str) -> Snapshot:
+        q = self._store._q
+        with _errors():
+            row = self._conn.execute(q["get"], (scope, key)).fetchone()
+        return Snapshot(_record(row) if row else None, time.time())
+
+    def insert(self, scope: str, key: str, write: Write) -> Record | None:
+        now = time.time()
+        with _errors():
+            row = self._conn.execute(
+                self._store._q["insert"], (scope, key, now, *_row_values(write, now))
+            ).fetchone()
+        return _record(row) if row else None
+
+    def update(self, scope: str, key: str, expect_token: int, write: Write) -> Record | None:
+        with _errors():
+            row = self._conn.execute(
+                self._store._q["update"],
+                (*_row_values(write, time.time()), scope, key, expect_token),
+            ).fetchone()
+        return _record(row) if row else None
+
+    def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
+        now = time.time()
+        with _errors():
+            row = self._conn.execute(
+                self._store._q["renew"], (now + lease_seconds, now, scope, key, token)
+            ).fetchone()
+        return float(row[0]) if row else None
+
+    def save_checkpoint(self, scope: str, key: str, token: int, checkpoint: str) -> bool:
+        with _errors():
+            row = self._conn.execute(
+                self._store._q["checkpoint"], (checkpoint, time.time(), scope, key, token)
+            ).fetchone()
+        return row is not None
+
+
+class SQLiteStore:
+    """Records in a SQLite database file, shared by the processes of one machine.
+
+    Args:
+        path: the database file.
+        table: the records table name (validated identifier).
+        timeout: seconds to wait for the write lock outside claims.
+        synchronous: ``NORMAL`` (default) or ``FULL``.
+
+    .. versionadded:: 0.1
+    """
+
+    atomic = True
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        table: str = "onceonly_records",
+        timeout: float = 5.0,
+        synchronous: str = "NORMAL",
+        url: str | None = None,
+    ) -> None:
+        if path in ("", ":memory:"):
+            raise ConfigurationError(
+                "an in-memory SQLite database is private to one connection; use memory:// "
+                "or a file path"
+            )
+        if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ConfigurationError(f"invalid synchronous setting {synchronous!r}")
+        self.path = path
+        self.url = url or f"sqlite:///{path}"
+        self.table = validate_identifier(table)
+        self.timeout = timeout
+        self.synchronous = synchronous.upper()
+        self._pool: list[sqlite3.Connection] = []
+        self._pool_pid = os.getpid()
+        self._lock = threading.Lock()
+        t = self.table
+        cols = _COLUMNS
+        self._q = {
+            "get": f"SELECT {cols} FROM {t} WHERE scope = ? AND key = ?",
+            "insert": (
+                f"INSERT INTO {t} (scope, key, created_at, state, fingerprint, token, attempts,"
+                " lease_until, result, error, payload, checkpoint, updated_at, completed_at,"
+                " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                f" ON CONFLICT (scope, key) DO NOTHING RETURNING {cols}"
+            ),
+            "update": (
+                f"UPDATE {t} SET state = ?, fingerprint = ?, token = ?, attempts = ?,"
+                " lease_until = ?, result = ?, error = ?, payload = ?, checkpoint = ?,"
+                " updated_at = ?, completed_at = ?, expires_at = ?"
+                f" WHERE scope = ? AND key = ? AND token = ? RETURNING {cols}"
+            ),
+            "renew": (
+                f"UPDATE {t} SET lease_until = ?, updated_at = ? WHERE scope = ? AND key = ?"
+                " AND token = ? AND state = 'in_progress' RETURNING lease_until"
+            ),
+            "checkpoint": (
+                f"UPDATE {t} SET checkpoint = ?, updated_at = ? WHERE scope = ? AND key = ?"
+                " AND token = ? AND state = 'in_progress' RETURNING token"
+            ),
+        }
+
+    # -- connections
+    def _connect(self) -> sqlite3.Connection:
+        with _errors():
+            conn = sqlite3.connect(
+                self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        return conn
+
+    def _acquire(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._pool_pid != os.getpid():  # forked: the parent's connections are not ours
+                self._pool = []
+                self._pool_pid = os.getpid()
+            if self._pool:
+                return self._pool.pop()
+        return self._connect()
+
+    def _release(self, conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:  # never hand out a connection with an open transaction
+            conn.close()
+            return
+        with self._lock:
+            if self._pool_pid == os.getpid() and len(self._pool) < 16:
+                self._pool.append(conn)
+                return
+        conn.close()
+
+    # -- the contract
+    def migrate(self) -> None:
+        """Create the records table and record the schema version; safe to repeat."""
+        t = self.table
+        with self.transaction() as s:
+            c = s.connection
+            c.execute(
+                "CREATE TABLE IF NOT EXISTS onceonly_schema"
+                " (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+            )
+            c.execute(
+                f"CREATE TABLE IF NOT EXISTS {t} ("
+                " scope TEXT NOT NULL, key TEXT NOT NULL,"
+                " state TEXT NOT NULL, fingerprint TEXT, token INTEGER NOT NULL,"
+                " attempts INTEGER NOT NULL DEFAULT 0, lease_until REAL, result TEXT,"
+                " error TEXT, payload TEXT, checkpoint TEXT, created_at REAL NOT NULL,"
+                " updated_at REAL NOT NULL, completed_at REAL, expires_at REAL,"
+                " PRIMARY KEY (scope, key)) WITHOUT ROWID"
+            )
+            c.execute(f"CREATE INDEX IF NOT EXISTS {t}_state_expiry ON {t} (state, expires_at)")
+            c.execute(
+                "INSERT INTO onceonly_schema (component, version) VALUES (?, ?)"
+                " ON CONFLICT (component) DO UPDATE SET version = excluded.version"
+                " WHERE excluded.version > onceonly_schema.version",
+                (f"records:{t}", SCHEMA_VERSION),
+            )
+
+    def schema_version(self) -> int | None:
+        """The recorded schema version of this store's table, or None before migrate()."""
+        with self.session() as s:
+            try:
+                row = s.connection.execute(
+                    "SELECT version FROM onceonly_schema WHERE component = ?",
+                    (f"records:{self.table}",),
+                ).fetchone()
+            except sqlite3.OperationalError:
+                return None
+        return int(row[0]) if row else None
+
+    @contextmanager
+    def transaction(
+        self, connection: Any = None, *, lock_wait: float = 5.0
+    ) -> Iterator[SQLiteSession]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` on a pooled connection, or a savepoint in
+        the caller's ``sqlite3.Connection`` (which must be inside a transaction)."""
+        if connection is not None:
+            yield from self._savepoint(connection)
+            return
+        conn = self._acquire()
+        try:
+            with _errors(begin=True):
+                conn.execute(f"PRAGMA busy_timeout = {int(lock_wait * 1000)}")
+                conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield SQLiteSession(self, conn)
+            except BaseException:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise
+            with _errors():
+                conn.commit()
+        finally:
+            self._release(conn)
+
+    def _savepoint(self, conn: Any) -> Iterator[SQLiteSession]:
+        if not isinstance(conn, sqlite3.Connection):
+            raise ConfigurationError(
+                f"the SQLite store joins a sqlite3.Connection, not {type(conn).__name__}"
+            )
+        if not conn.in_transaction:
+            raise ConfigurationError(
+                "the connection passed in is not inside a transaction; begin one first "
+                "(the claim must commit with your writes, never on its own)"
+            )
+        name = f"onceonly_{threading.get_ident()}_{time.monotonic_ns()}"
+        conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield SQLiteSession(self, conn)
+        except BaseException:
+            conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
+            conn.execute(f"RELEASE SAVEPOINT {name}")
+            raise
+        conn.execute(f"RELEASE SAVEPOINT {name}")
+
+    @contextmanager
+    def session(self) -> Iterator[SQLiteSession]:
+        """An autocommit session: each statement is its own transaction."""
+        conn = self._acquire()
+        try:
+            yield SQLiteSession(self, conn)
+        finally:
+            self._release(conn)
+
+    def close(self) -> None:
+        """Close the pooled connections of this process."""
+        with self._lock:
+            pool, self._pool = self._pool, []
+        for conn in pool:
+            conn.close()
+
+
+def from_url(url: str, **options: Any) -> SQLiteStore:
+    """Build a store from ``sqlite:///relative.db`` or ``sqlite:////absolute.db``.
+
+    Query options: ``table``, ``timeout`` (seconds), ``synchronous``.
+    """
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.netloc:
+        raise ConfigurationError(
+            f"SQLite URLs have no host: use sqlite:///relative.db or sqlite:////abs.db ({url!r})"
+        )
+    path = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
+    if not path:
+        raise ConfigurationError(f"the SQLite URL {url!r} names no file")
+    opts = dict(urllib.parse.parse_qsl(parsed.query))
+    unknown = set(opts) - {"table", "timeout", "synchronous"}
+    if unknown:
+        raise ConfigurationError(f"unknown SQLite URL options: {sorted(unknown)}")
+    try:
+        timeout = float(opts.get("timeout", 5.0))
+    except ValueError:
+        raise ConfigurationError(f"invalid timeout in {url!r}") from None
+    kwargs: dict[str, Any] = {
+        "table": opts.get("table", "onceonly_records"),
+        "timeout": timeout,
+        "synchronous": opts.get("synchronous", "NORMAL"),
+    }
+    kwargs.update(options)
+    return SQLiteStore(urllib.parse.unquote(path), url=url, **kwargs)

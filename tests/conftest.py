@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: MIT
+"""Fixtures: one store per backend, each test on its own table.
+
+A service that cannot be reached skips the test locally and FAILS it in CI (CI=true).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import onceonly
+from onceonly.stores.memory import MemoryStore
+from onceonly.testing import ManualClock
+
+PG_URL = os.environ.get("ONCEONLY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def unavailable(what: str) -> None:
+    """Skip locally, fail in CI: a missing service must never pass silently there."""
+    if IN_CI:
+        pytest.fail(f"{what} is not reachable, and CI requires it")
+    pytest.skip(f"{what} is not reachable")
+
+
+_pg_ok: bool | None = None
+
+
+def require_postgres() -> str:
+    global _pg_ok
+    if _pg_ok is None:
+        try:
+            import psycopg
+
+            with psycopg.connect(PG_URL, connect_timeout=3):
+                _pg_ok = True
+        except Exception:
+            _pg_ok = False
+    if not _pg_ok:
+        unavailable(f"PostgreSQL at {PG_URL}")
+    return PG_URL
+
+
+def unique_table() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+def drop_pg_table(table: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.execute("DELETE FROM onceonly_schema WHERE component = %s", (f"records:{table}",))
+
+
+STORE_KINDS = ["memory", "sqlite", "postgres"]
+SQL_KINDS = ["sqlite", "postgres"]
+
+
+class StoreFactory:
+    """Builds stores of one kind that share one table (so several workers meet)."""
+
+    def __init__(self, kind: str, tmp_path: Path) -> None:
+        self.kind = kind
+        self.table = unique_table()
+        self.tmp_path = tmp_path
+        self.url = {
+            "memory": "memory://",
+            "sqlite": f"sqlite:///{tmp_path / 'onceonly.db'}",
+            "postgres": PG_URL,
+        }[kind]
+        self._opened: list[Any] = []
+        self._memory: MemoryStore | None = None
+        self.clock = ManualClock()
+
+    def __call__(self, **options: Any) -> Any:
+        if self.kind == "postgres":
+            require_postgres()
+        if self.kind == "memory":
+            if self._memory is None:
+                self._memory = MemoryStore()
+            return self._memory
+        store = onceonly.open_store(self.url, table=self.table, **options)
+        self._opened.append(store)
+        return store
+
+    def close(self) -> None:
+        for s in self._opened:
+            s.close()
+        if self.kind == "postgres" and _pg_ok:
+            drop_pg_table(self.table)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    factory = StoreFactory(request.param, tmp_path)
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(params=SQL_KINDS)
+def sql_store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    factory = StoreFactory(request.param, tmp_path)
+    yield factory
+    factory.close()
+
+
+@pytest.fixture
+def store(store_factory: StoreFactory) -> Any:
+    s = store_factory()
+    s.migrate()
+    return s
+
+
+@pytest.fixture
+def sql_store(sql_store_factory: StoreFactory) -> Any:
+    s = sql_store_factory()
+    s.migrate()
+    return s
+
+
+@pytest.fixture(params=STORE_KINDS)
+async def async_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    kind = request.param
+    table = unique_table()
+    if kind == "postgres":
+        require_postgres()
+    url = {
+        "memory": "memory://",
+        "sqlite": f"sqlite:///{tmp_path / 'onceonly.db'}",
+        "postgres": PG_URL,
+    }[kind]
+    options = {} if kind == "memory" else {"table": table}
+    store = onceonly.open_async_store(url, **options)
+    await store.migrate()
+    yield store
+    await store.close()
+    if kind == "postgres":
+        drop_pg_table(table)
+
+
+def business_table(store: Any, name: str = "ledger") -> Callable[[], int]:
+    """Create a business table beside the store's records; return a row counter."""
+    if isinstance(store, MemoryStore):
+        raise TypeError("the memory store has no SQL")
+    with store.transaction() as s:
+        s.execute(f"CREATE TABLE IF NOT EXISTS {name} (id TEXT NOT NULL, amount INTEGER)")
+
+    def count() -> int:
+        with store.session() as s:
+            return int(s.execute(f"SELECT count(*) FROM {name}").fetchone()[0])
+
+    return count
