@@ -95,6 +95,7 @@ class StoreFactory:
             s.close()
         if self.kind == "postgres" and _pg_ok:
             drop_pg_table(self.table)
+            drop_pg_table(f"{self.table}_ledger")
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -145,10 +146,11 @@ async def async_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
         drop_pg_table(table)
 
 
-def business_table(store: Any, name: str = "ledger") -> Callable[[], int]:
+def business_table(store: Any, name: str | None = None) -> Callable[[], int]:
     """Create a business table beside the store's records; return a row counter."""
     if isinstance(store, MemoryStore):
         raise TypeError("the memory store has no SQL")
+    name = name or f"{store.table}_ledger"
     with store.transaction() as s:
         s.execute(f"CREATE TABLE IF NOT EXISTS {name} (id TEXT NOT NULL, amount INTEGER)")
 

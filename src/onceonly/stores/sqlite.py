@@ -20,7 +20,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -125,10 +125,10 @@ class SQLiteSession:
         q = self._store._q
         with _errors():
             row = self._conn.execute(q["get"], (scope, key)).fetchone()
-        return Snapshot(_record(row) if row else None, time.time())
+        return Snapshot(_record(row) if row else None, self._store.clock())
 
     def insert(self, scope: str, key: str, write: Write) -> Record | None:
-        now = time.time()
+        now = self._store.clock()
         with _errors():
             row = self._conn.execute(
                 self._store._q["insert"], (scope, key, now, *_row_values(write, now))
@@ -139,12 +139,12 @@ class SQLiteSession:
         with _errors():
             row = self._conn.execute(
                 self._store._q["update"],
-                (*_row_values(write, time.time()), scope, key, expect_token),
+                (*_row_values(write, self._store.clock()), scope, key, expect_token),
             ).fetchone()
         return _record(row) if row else None
 
     def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
-        now = time.time()
+        now = self._store.clock()
         with _errors():
             row = self._conn.execute(
                 self._store._q["renew"], (now + lease_seconds, now, scope, key, token)
@@ -154,7 +154,7 @@ class SQLiteSession:
     def save_checkpoint(self, scope: str, key: str, token: int, checkpoint: str) -> bool:
         with _errors():
             row = self._conn.execute(
-                self._store._q["checkpoint"], (checkpoint, time.time(), scope, key, token)
+                self._store._q["checkpoint"], (checkpoint, self._store.clock(), scope, key, token)
             ).fetchone()
         return row is not None
 
@@ -167,6 +167,8 @@ class SQLiteStore:
         table: the records table name (validated identifier).
         timeout: seconds to wait for the write lock outside claims.
         synchronous: ``NORMAL`` (default) or ``FULL``.
+        clock: the store's clock (default ``time.time``, shared by all processes of the
+            machine); tests may inject one.
 
     .. versionadded:: 0.1
     """
@@ -181,6 +183,7 @@ class SQLiteStore:
         timeout: float = 5.0,
         synchronous: str = "NORMAL",
         url: str | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if path in ("", ":memory:"):
             raise ConfigurationError(
@@ -190,6 +193,7 @@ class SQLiteStore:
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ConfigurationError(f"invalid synchronous setting {synchronous!r}")
         self.path = path
+        self.clock: Callable[[], float] = clock or time.time
         self.url = url or f"sqlite:///{path}"
         self.table = validate_identifier(table)
         self.timeout = timeout
