@@ -56,7 +56,8 @@ def drop_pg_table(table: str) -> None:
 
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {table}")
-        conn.execute("DELETE FROM onceonly_schema WHERE component = %s", (f"records:{table}",))
+        if conn.execute("SELECT to_regclass('onceonly_schema')").fetchone()[0]:
+            conn.execute("DELETE FROM onceonly_schema WHERE component = %s", (f"records:{table}",))
 
 
 STORE_KINDS = ["memory", "sqlite", "postgres"]

@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: MIT
+"""The ``onceonly`` command line.
+
+``main`` builds an argparse parser with one sub-command per entry of ``COMMANDS``;
+each entry adds its own options and runs with the parsed namespace, returning the
+exit status. Add a sub-command by adding a :class:`Command`. Exit statuses: what the
+command returns, 2 for usage and configuration errors, 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["COMMANDS", "Command", "CommandError", "build_parser", "main"]
+
+
+class CommandError(Exception):
+    """A sub-command cannot run as asked; the message says why (exit status 2)."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One sub-command.
+
+    Attributes:
+        name: what the user types.
+        help: one line for ``onceonly --help``.
+        description: the sub-command's ``--help`` text.
+        configure: adds the sub-command's options to its parser.
+        run: does the work; returns the exit status.
+    """
+
+    name: str
+    help: str
+    description: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _configure_demo(parser: argparse.ArgumentParser) -> None:
+    from onceonly.demo import add_arguments
+
+    add_arguments(parser)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from onceonly.demo import DemoError, options_from_args, run_demo
+
+    try:
+        return run_demo(options_from_args(args))
+    except DemoError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        name="demo",
+        help="show duplicate charges under at-least-once delivery, with and without onceonly",
+        description=(
+            "Run the same workload of 'charge customer X amount Y' messages through a"
+            " simulated at-least-once broker twice, with worker processes SIGKILLed at"
+            " random: once with a naive check-then-act consumer, once with onceonly's"
+            " Inbox. Prints what each side charged. Exits 0 only if the onceonly side"
+            " charged every message exactly once."
+        ),
+        configure=_configure_demo,
+        run=_run_demo,
+    ),
+)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("onceonly")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of the ``onceonly`` command, with every sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="onceonly",
+        description="onceonly: side effects once under at-least-once delivery.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        child = sub.add_parser(command.name, help=command.help, description=command.description)
+        command.configure(child)
+        child.set_defaults(run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``onceonly`` command with ``argv`` (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status.
+    """
+    from onceonly.errors import OnceOnlyError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        sys.stderr.write("\ninterrupted\n")
+        return 130
+    except (CommandError, OnceOnlyError) as exc:
+        sys.stderr.write(f"onceonly {args.command}: error: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
