@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from onceonly.errors import OnceOnlyError
+
 __all__ = ["COMMANDS", "Command", "CommandError", "build_parser", "main"]
 
 
@@ -102,10 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status.
     """
-    from onceonly.errors import OnceOnlyError
-
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors (already printed)
+        return exc.code if isinstance(exc.code, int) else 2
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)

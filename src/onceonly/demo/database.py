@@ -90,7 +90,10 @@ def parse_url(url: str) -> Target:
             )
         path = urllib.parse.unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
         if path in ("", ":memory:"):
-            raise DemoError(f"the demo needs a SQLite file shared by its worker processes: {url!r}")
+            raise DemoError(
+                f"the demo needs a SQLite file shared by its worker processes, not {url!r}:"
+                " use sqlite:///relative.db or sqlite:////absolute/path.db"
+            )
         return Target(url=url, dialect="sqlite", path=path)
     if scheme in ("postgresql", "postgres"):
         if not (parts.netloc or parts.path.strip("/")):

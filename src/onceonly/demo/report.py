@@ -83,6 +83,10 @@ def count_charges(message_ids: Iterable[str], charges: Iterable[tuple[str, int]]
     )
 
 
+# Counters of deliveries that were acknowledged; every other counter is a retry.
+ACKED_COUNTERS = frozenset({"skipped", "dead-lettered"})
+
+
 @dataclass(frozen=True)
 class SideResult:
     """Everything the table shows about one side.
@@ -118,7 +122,7 @@ class SideResult:
     @property
     def retried(self) -> int:
         """Deliveries left unacknowledged after an error or a concurrent duplicate."""
-        return sum(n for k, n in self.counters.items() if k == "in flight" or k.startswith("error"))
+        return sum(n for k, n in self.counters.items() if k not in ACKED_COUNTERS)
 
 
 def _money(cents: int) -> str:
@@ -191,6 +195,7 @@ class Progress:
         self._last = 0.0
         self._started = time.monotonic()
         self._shown = 0
+        self._state = (0, 0, 0)
 
     def start(self, label: str) -> None:
         """Begin a new bar."""
@@ -198,8 +203,9 @@ class Progress:
         self._started = time.monotonic()
         self._last = 0.0
 
-    def update(self, done: int, total: int, *, force: bool = False) -> None:
+    def update(self, done: int, total: int, crashes: int = 0, *, force: bool = False) -> None:
         """Redraw (at most ten times a second unless ``force``)."""
+        self._state = (done, total, crashes)
         if not self.enabled:
             return
         now = time.monotonic()
@@ -207,22 +213,22 @@ class Progress:
             return
         self._last = now
         share = done / total if total else 1.0
-        filled = round(share * self.WIDTH)
+        filled = int(share * self.WIDTH)
         bar = "#" * filled + "." * (self.WIDTH - filled)
         line = (
-            f"{self._label:<9} [{bar}] {share:4.0%}  {done:,}/{total:,} acked"
-            f"  {now - self._started:5.1f}s"
+            f"{self._label:<9} [{bar}] {int(share * 100):3d}%  {done:,}/{total:,} acked"
+            f"  {crashes} killed  {now - self._started:4.1f}s"
         )
         pad = " " * max(0, self._shown - len(line))
         self.stream.write(f"\r{line}{pad}")
         self.stream.flush()
         self._shown = len(line)
 
-    def finish(self, done: int, total: int) -> None:
-        """Draw the final state and end the line."""
+    def finish(self) -> None:
+        """Draw the last state again and end the line."""
         if not self.enabled:
             return
-        self.update(done, total, force=True)
+        self.update(*self._state, force=True)
         self.stream.write("\n")
         self.stream.flush()
         self._shown = 0

@@ -54,7 +54,7 @@ class DemoOptions:
 
     messages: int = 2000
     workers: int = 4
-    crash_rate: float = 3.0
+    crashes: int = 50
     duplicate_rate: float = 0.3
     visibility_timeout: float = 0.75
     seed: int = 1
@@ -64,14 +64,21 @@ class DemoOptions:
     timeout: float = 300.0
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_count = _int_at_least(0)
 
 
 def _float_at_least(low: float, *, inclusive: bool) -> Callable[[str], float]:
@@ -121,11 +128,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--crashes",
-        type=_float_at_least(0.0, inclusive=True),
-        default=d.crash_rate,
-        metavar="PER_SECOND",
-        dest="crash_rate",
-        help=f"mean SIGKILLs per second, 0 for none (default {d.crash_rate:g})",
+        type=_count,
+        default=d.crashes,
+        metavar="N",
+        help=f"workers SIGKILLed per side, at random points; 0 for none (default {d.crashes})",
     )
     parser.add_argument(
         "--duplicates",
@@ -175,7 +181,7 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
     return DemoOptions(
         messages=args.messages,
         workers=args.workers,
-        crash_rate=args.crash_rate,
+        crashes=args.crashes,
         duplicate_rate=args.duplicate_rate,
         visibility_timeout=args.visibility_timeout,
         seed=args.seed,
@@ -215,11 +221,13 @@ def run_demo(
     workload = make_workload(options.messages, options.seed, options.duplicate_rate)
     progress = Progress(err, enabled=err.isatty() and options.progress)
     message_ids = [m.id for m in workload.messages]
-    crash_text = f"~{options.crash_rate:g} SIGKILLs/s" if options.crash_rate > 0 else "no crashes"
+    crash_text = f"{options.crashes} SIGKILLs at random points" if options.crashes else "no crashes"
     out.write(
-        f"{len(workload.messages):,} messages, {workload.producer_duplicates:,} of them sent"
-        f" twice by the producer; {options.workers} workers per side, {crash_text},"
-        f" visibility timeout {options.visibility_timeout:g}s; {target.describe()}\n"
+        f"workload:  {len(workload.messages):,} messages 'charge customer X amount Y',"
+        f" {workload.producer_duplicates:,} of them sent twice by the producer\n"
+        f"each side: {options.workers} worker processes, {crash_text},"
+        f" visibility timeout {options.visibility_timeout:g}s\n"
+        f"database:  {target.describe()}\n"
     )
     out.flush()
     results: list[SideResult] = []
@@ -240,21 +248,20 @@ def run_demo(
                 consumer=f"demo-billing-{run_id}",
             )
             progress.start(side)
-            last = [0, len(workload.sends)]
-
-            def report(done: int, total: int, last: list[int] = last) -> None:
-                last[:] = [done, total]
-                progress.update(done, total)
-
             run = run_side(
                 spec,
                 workers=options.workers,
-                crash_rate=options.crash_rate,
+                crashes=options.crashes,
                 rng=random.Random(options.seed),
                 timeout=options.timeout,
-                progress=report,
+                progress=progress.update,
             )
-            progress.finish(*last)
+            progress.finish()
+            if run.worker_failures:
+                err.write(
+                    f"onceonly demo: {run.worker_failures} {side} worker(s) failed on their own;"
+                    " see above\n"
+                )
             if not run.drained:
                 err.write(f"onceonly demo: the {side} side timed out before its queue drained\n")
             counters = dict(run.counters)
@@ -280,7 +287,10 @@ def run_demo(
             err.write("\n")
         else:
             if prepared and not target.temporary:
-                drop_tables(target, tables)
+                try:
+                    drop_tables(target, tables)
+                except Exception as exc:  # do not hide the error that got us here
+                    err.write(f"onceonly demo: could not drop the demo tables: {exc}\n")
             shutil.rmtree(workdir, ignore_errors=True)
     out.write("\n" + render_table(results) + "\n\n")
     ok, line = verdict(results[-1])

@@ -2,11 +2,12 @@
 """Runs one side of the demo: a pool of worker processes, SIGKILLed at random.
 
 The supervisor starts ``workers`` processes, then, until the queue is drained, kills
-a random one with SIGKILL every so often (uniformly between 0.5 and 1.5 times the
-mean interval ``1 / crash_rate``) and starts a replacement at once. A worker that
-exits on its own with an error is replaced too, and counted. When the queue is
-empty the workers stop by themselves; the side's time runs until the last one exits,
-since a worker whose lease ran out may still be finishing a stale delivery.
+a random one with SIGKILL at each of ``crashes`` random points of the drain (measured
+in messages acked, so a fast and a slow machine see the same number of crashes) and
+starts a replacement at once. A worker that exits on its own with an error is
+replaced too, and counted. When the queue is empty the workers stop by themselves;
+the side's time runs until the last one exits, since a worker whose lease ran out may
+still be finishing a stale delivery.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from onceonly.demo.worker import WorkerSpec, worker_main
 
 __all__ = ["SideRun", "run_side"]
 
-POLL = 0.02
+POLL = 0.005
 MAX_WORKER_FAILURES = 25
 STOP_GRACE = 30.0
 
-ProgressFn = Callable[[int, int], None]
+ProgressFn = Callable[[int, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -79,20 +80,20 @@ def run_side(
     spec: WorkerSpec,
     *,
     workers: int,
-    crash_rate: float,
+    crashes: int,
     rng: random.Random,
     timeout: float,
     progress: ProgressFn,
 ) -> SideRun:
-    """Drain the queue of ``spec`` with ``workers`` processes, killing them at random.
+    """Drain the queue of ``spec`` with ``workers`` processes, killing ``crashes`` of them.
 
     Args:
         spec: what each worker runs.
         workers: the pool size.
-        crash_rate: mean SIGKILLs per second (0: none).
-        rng: decides the victims and the intervals.
+        crashes: SIGKILLs to deliver, at random points of the drain (0: none).
+        rng: decides the kill points and the victims.
         timeout: give up after this many seconds.
-        progress: called with ``(acked, total)`` as the queue drains.
+        progress: called with ``(acked, total, killed)`` as the queue drains.
 
     Returns:
         The :class:`SideRun`.
@@ -103,7 +104,8 @@ def run_side(
     new_process = _process_factory()
     broker = Broker(spec.broker_path, spec.visibility_timeout)
     total = broker.remaining()
-    crashes = failures = 0
+    kill_points = sorted(rng.random() * total for _ in range(crashes))
+    killed = failures = 0
 
     def start() -> BaseProcess:
         proc = new_process(target=worker_main, args=(spec,), name=f"onceonly-demo-{spec.side}")
@@ -111,27 +113,21 @@ def run_side(
         proc.start()
         return proc
 
-    def next_crash(now: float) -> float:
-        if crash_rate <= 0:
-            return float("inf")
-        return now + rng.uniform(0.5, 1.5) / crash_rate
-
     started = time.monotonic()
     pool = [start() for _ in range(workers)]
-    crash_at = next_crash(started)
     drained = False
     try:
         while True:
             remaining = broker.remaining()
-            progress(total - remaining, total)
+            acked = total - remaining
+            progress(acked, total, killed)
             if remaining == 0:
                 drained = True
                 break
-            now = time.monotonic()
-            if now - started > timeout:
+            if time.monotonic() - started > timeout:
                 break
             for i, proc in enumerate(pool):
-                if proc.exitcode is not None and remaining:
+                if proc.exitcode is not None:
                     failures += int(proc.exitcode != 0)
                     if failures > MAX_WORKER_FAILURES:
                         raise DemoError(
@@ -140,15 +136,14 @@ def run_side(
                         )
                     proc.join()
                     pool[i] = start()
-            if now >= crash_at:
+            if killed < len(kill_points) and acked >= kill_points[killed]:
                 i = rng.randrange(len(pool))
                 victim = pool[i]
                 if victim.pid is not None and victim.exitcode is None:
                     os.kill(victim.pid, signal.SIGKILL)
-                    crashes += 1
+                    killed += 1
                     victim.join()
                     pool[i] = start()
-                crash_at = next_crash(now)
             time.sleep(POLL)
         for proc in pool:
             proc.join(STOP_GRACE if drained else 0.0)
@@ -160,4 +155,4 @@ def run_side(
                 proc.join()
         counters = broker.counters()
         broker.close()
-    return SideRun(seconds, crashes, failures, drained, counters)
+    return SideRun(seconds, killed, failures, drained, counters)

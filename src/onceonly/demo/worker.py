@@ -9,6 +9,7 @@ broker client would nack it.
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass
 
@@ -44,6 +45,8 @@ class WorkerSpec:
 
 def worker_main(spec: WorkerSpec) -> None:
     """Consume until the queue holds no message (acked or leased elsewhere)."""
+    # Ctrl-C is the supervisor's business: it kills the workers and cleans up.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     broker = Broker(spec.broker_path, spec.visibility_timeout)
     consumer = open_consumer(spec.side, spec.target, spec.tables, spec.consumer)
     try:
