@@ -68,14 +68,16 @@ class _Idempotent:
         self.cache_errors = cache_errors
         self.max_result_bytes = max_result_bytes
 
-    def _fp(self, sig: inspect.Signature, args: Any, kwargs: Any) -> str | None:
-        if self.fingerprint is not None:
-            return fingerprint_of(self.fingerprint(*args, **kwargs), custom=None)
-        if not self.check_arguments:
-            return None
+    def _fp(self, sig: inspect.Signature, args: Any, kwargs: Any) -> tuple[str | None, Any]:
+        """The fingerprint of a call and the arguments kept as its payload snapshot."""
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
-        return fingerprint_of(dict(bound.arguments))
+        arguments = dict(bound.arguments)
+        if self.fingerprint is not None:
+            return fingerprint_of(self.fingerprint(*args, **kwargs)), arguments
+        if not self.check_arguments:
+            return None, arguments
+        return fingerprint_of(arguments), arguments
 
     def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
         scope = validate_key(self.scope or f"{fn.__module__}.{fn.__qualname__}", what="scope")
@@ -100,8 +102,8 @@ class _Idempotent:
             @functools.wraps(fn)
             async def awrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
                 key = validate_key(self.key(*args, **kwargs))
-                fp = self._fp(sig, args, kwargs)
-                result, _, _ = await arunner.run(key, fp, lambda: fn(*args, **kwargs))
+                fp, arguments = self._fp(sig, args, kwargs)
+                result, _, _ = await arunner.run(key, fp, lambda: fn(*args, **kwargs), arguments)
                 return result
 
             return awrapper
@@ -114,8 +116,8 @@ class _Idempotent:
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
             key = validate_key(self.key(*args, **kwargs))
-            fp = self._fp(sig, args, kwargs)
-            result, _, _ = runner.run(key, fp, lambda: fn(*args, **kwargs))
+            fp, arguments = self._fp(sig, args, kwargs)
+            result, _, _ = runner.run(key, fp, lambda: fn(*args, **kwargs), arguments)
             return result
 
         return wrapper

@@ -176,6 +176,7 @@ class AsyncInbox:
             token = new_token()
             claimed: Record | None = None
             seen_token: int | None = None
+            dead: DeadLettered | None = None
             try:
                 async with self.store.transaction(connection, lock_wait=self.wait) as session:
                     snap = await session.claim(scope, key, claim_write(fp, token, self.policy))
@@ -194,10 +195,13 @@ class AsyncInbox:
                                 scope=scope,
                             )
                         if decision.action is Action.DEAD:
+                            # store the dead state first; raise after the commit
                             if decision.write is not None:
                                 await session.update(scope, key, record.token, decision.write)
-                            raise _dead(record, decision.write.attempts if decision.write else None)
-                        if decision.action is Action.IN_FLIGHT:
+                            dead = _dead(
+                                record, decision.write.attempts if decision.write else None
+                            )
+                        elif decision.action is Action.IN_FLIGHT:
                             claimed = None
                             retry_after = decision.retry_after
                         else:
@@ -223,6 +227,8 @@ class AsyncInbox:
             except _HandlerFailed as failed:
                 await self._record_failure(failed, fp, payload, connection)
                 raise failed.exc from None
+            if dead is not None:
+                raise dead
             # IN_FLIGHT with a committed live lease (a leased-mode claim): wait and retry.
             remaining = deadline - _acompat.monotonic()
             if remaining <= 0:

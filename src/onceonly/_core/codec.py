@@ -75,6 +75,13 @@ def _rebuild(value: Any, tp: Any) -> Any:
         return tp(**kwargs)
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    if origin is typing.Union or type(tp).__name__ == "UnionType":  # Optional[A], A | None
+        for arg in args:
+            if dataclasses.is_dataclass(arg) and isinstance(value, dict):
+                return _rebuild(value, arg)
+        return value
+    if origin is dict and isinstance(value, dict) and len(args) == 2:
+        return {k: _rebuild(v, args[1]) for k, v in value.items()}
     if origin in (list, tuple) and isinstance(value, list) and args:
         inner = args[0]
         items = [_rebuild(v, inner) for v in value]

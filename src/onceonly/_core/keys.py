@@ -48,7 +48,7 @@ def content_key(payload: Any, fields: Iterable[str] | None = None) -> str:
 
 def _escape_part(part: object) -> str:
     if isinstance(part, bool) or part is None:
-        raise InvalidKey(f"composite_key parts must be str or int, not {part!r}")
+        raise InvalidKey(f"composite_key parts must be str, int or float, not {part!r}")
     if isinstance(part, float) and not math.isfinite(part):
         raise InvalidKey(f"composite_key parts must be finite, not {part!r}")
     text = part if isinstance(part, str) else str(part)

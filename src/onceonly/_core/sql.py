@@ -12,12 +12,12 @@ import re
 
 from onceonly.errors import ConfigurationError
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
 def validate_identifier(name: str, *, what: str = "table name") -> str:
     """Return ``name`` if it is a plain SQL identifier (letters, digits, ``_``; max 63)."""
-    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
         raise ConfigurationError(
             f"invalid {what} {name!r}: use letters, digits and underscores, "
             "starting with a letter or underscore, at most 63 characters"

@@ -23,6 +23,10 @@ Rules, in the order :func:`decide` applies them to an existing record:
    reaches ``max_attempts`` the record becomes ``dead`` instead.
 6. ``failed`` → retried with a new token while ``attempts < max_attempts``, else dead.
 
+A retaken claim keeps the record's checkpoint and payload snapshot (so a record that
+ends ``dead`` can still be redriven). Parking as ``dead`` issues a new token, so the
+worker whose claim lapsed can no longer complete it.
+
 Every write is a :class:`Write`: the whole new row except times, which the store fills in
 from its own clock (``lease_seconds`` and ``ttl_seconds`` are relative to the store's now).
 Every update is conditional on the token the writer last saw (fencing).
@@ -164,11 +168,15 @@ def claim_write(fingerprint: str | None, token: int, policy: Policy, attempts: i
     )
 
 
-def dead_write(record: Record, attempts: int, error: str | None) -> Write:
-    """The write that parks ``record`` as ``dead``."""
+def dead_write(record: Record, attempts: int, error: str | None, token: int) -> Write:
+    """The write that parks ``record`` as ``dead`` under a new ``token``.
+
+    The new token fences off the worker whose lapsed claim led here: it can no longer
+    complete or fail the record. Only an operator redrive leaves ``dead``.
+    """
     return Write(
         state=State.DEAD,
-        token=record.token,
+        token=token,
         fingerprint=record.fingerprint,
         attempts=attempts,
         error=error,
@@ -215,25 +223,29 @@ def decide(
         attempts = record.attempts + 1  # the lapsed run counts as a failed attempt
         if attempts >= policy.max_attempts:
             error = record.error or "lease expired (the worker died or stalled)"
-            return Decision(Action.DEAD, record, dead_write(record, attempts, error))
+            return Decision(Action.DEAD, record, dead_write(record, attempts, error, token))
         return Decision(
             Action.RUN,
             record,
             dataclasses.replace(
                 claim_write(record.fingerprint, token, policy, attempts),
                 checkpoint=record.checkpoint,
+                payload=record.payload,
             ),
             attempt=attempts + 1,
         )
     # FAILED
     if record.attempts >= policy.max_attempts:
-        return Decision(Action.DEAD, record, dead_write(record, record.attempts, record.error))
+        return Decision(
+            Action.DEAD, record, dead_write(record, record.attempts, record.error, token)
+        )
     return Decision(
         Action.RUN,
         record,
         dataclasses.replace(
             claim_write(record.fingerprint, token, policy, record.attempts),
             checkpoint=record.checkpoint,
+            payload=record.payload,
         ),
         attempt=record.attempts + 1,
     )
