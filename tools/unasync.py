@@ -26,20 +26,15 @@ SOURCES = [
 RULES: list[tuple[str, str]] = [
     (r"\basync def\b", "def"),
     (r"\basync with\b", "with"),
-    (r"\basync for\b", "for"),
     (r"\bawait ", ""),
     (r"\b__aenter__\b", "__enter__"),
     (r"\b__aexit__\b", "__exit__"),
-    (r"\baclose\b", "close"),
     (r"\basleep\b", "sleep"),
     (r"\basynccontextmanager\b", "contextmanager"),
     (r"\bAbstractAsyncContextManager\b", "AbstractContextManager"),
     (r"\bAsyncIterator\b", "Iterator"),
     (r"\bcurrent_async_claim\b", "current_claim"),
-    (r"\b(\w+)_async\b", r"\1"),
     (r"\bAsync([A-Z]\w*)", r"\1"),
-    (r"\basync\b", "sync"),
-    (r"\bAsync\b", "Sync"),
 ]
 
 BANNER = "# This file was generated from {src} by tools/unasync.py: do not edit it.\n"
@@ -97,17 +92,20 @@ def _tidy_abc(m: re.Match[str]) -> str:
 
 
 def _format(text: str, target: Path) -> str:
-    """Pass the generated text through ``ruff format`` so it is stable under the linter."""
-    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
-    proc = subprocess.run(
-        [ruff, "format", "--stdin-filename", str(target), "-"],
-        input=text,
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-    )
-    return proc.stdout
+    """Sort imports and ``ruff format`` the generated text, so it is lint-stable."""
+    ruff = str(Path(sys.executable).parent / "ruff")
+    if not Path(ruff).exists():
+        ruff = shutil.which("ruff") or "ruff"
+    for args in (["check", "--fix-only", "--select", "I"], ["format"]):
+        text = subprocess.run(
+            [ruff, *args, "--stdin-filename", str(target), "-"],
+            input=text,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout
+    return text
 
 
 def target_of(src: str) -> Path:
