@@ -5,6 +5,7 @@ The tree is organised by what the caller does next::
 
     OnceOnlyError
     ├── InvalidKey            (ValueError)   fix the key; nothing was stored
+    │   └── MissingMessageId                 a broker message with no id and no fallback
     ├── PayloadMismatch       (ValueError)   same key, other payload: a client bug, never a replay
     ├── TooLarge              (ValueError)   payload or result past the configured limit
     ├── EncodingError         (TypeError)    a result that cannot be encoded as JSON
@@ -13,6 +14,7 @@ The tree is organised by what the caller does next::
     ├── DeadLettered                         max_attempts reached: dead-letter it
     ├── LeaseLost                            your claim was taken over: discard your result
     ├── ReplayedError                        a cached error whose class could not be rebuilt
+    ├── PublishError                         the broker did not confirm a message
     └── StoreError                           the store failed
         ├── StoreUnavailable                 transient (connection lost, busy): retry the delivery
         └── CorruptRecord                    a row the library does not understand (unknown state)
@@ -31,8 +33,10 @@ __all__ = [
     "InFlight",
     "InvalidKey",
     "LeaseLost",
+    "MissingMessageId",
     "OnceOnlyError",
     "PayloadMismatch",
+    "PublishError",
     "ReplayedError",
     "StoreError",
     "StoreUnavailable",
@@ -65,6 +69,14 @@ class InvalidKey(OnceOnlyError, ValueError):
     """
 
     status_hint = 400
+
+
+class MissingMessageId(InvalidKey):
+    """A broker message carries no id (field or header) and no fallback was configured.
+
+    Configure ``message_id=`` on the consumer (a payload field or a content hash), or
+    make the producer set one. The consumer dead-letters such a message.
+    """
 
 
 class PayloadMismatch(OnceOnlyError, ValueError):
@@ -162,6 +174,15 @@ class ReplayedError(OnceOnlyError):
     """
 
     status_hint = 422
+
+
+class PublishError(OnceOnlyError):
+    """A broker refused, failed to route, or did not confirm a published message.
+
+    The relay keeps the outbox row and retries it with backoff.
+    """
+
+    status_hint = 502
 
 
 class StoreError(OnceOnlyError):

@@ -40,6 +40,7 @@ from onceonly.errors import (
     PayloadMismatch,
     ReplayedError,
 )
+from onceonly.messaging import Delivery
 from onceonly.outcome import Outcome, new_token, seconds
 from onceonly.types import Params, Session, Store
 
@@ -57,13 +58,23 @@ class Tx:
         key: the idempotency key being processed.
         scope: the inbox's consumer name.
         attempt: 1 for the first run, 2 for the first retry, …
+        delivery: the broker delivery being processed (its delivery count, headers),
+            when a broker consumer runs the handler; else ``None``.
     """
 
-    def __init__(self, session: Session, scope: str, key: str, attempt: int) -> None:
+    def __init__(
+        self,
+        session: Session,
+        scope: str,
+        key: str,
+        attempt: int,
+        delivery: Delivery | None = None,
+    ) -> None:
         self._session = session
         self.scope = scope
         self.key = key
         self.attempt = attempt
+        self.delivery = delivery
 
     @property
     def connection(self) -> Any:
@@ -149,6 +160,7 @@ class Inbox:
         handler: Callable[[Any, Tx], T],
         *,
         connection: Any = None,
+        delivery: Delivery | None = None,
     ) -> Outcome[T]:
         """Run ``handler(payload, tx)`` once for ``key``, or replay its stored result.
 
@@ -158,6 +170,7 @@ class Inbox:
             handler: does the work through ``tx``; its return value is stored.
             connection: a caller's connection already inside a transaction; the claim
                 joins it (in a savepoint) and it is never committed here.
+            delivery: broker metadata handed to the handler as ``tx.delivery``.
 
         Returns:
             An :class:`Outcome`; ``replayed`` is true when the handler did not run.
@@ -213,7 +226,7 @@ class Inbox:
                             if claimed is None:
                                 continue  # lost a race for the row: read it again
                     if claimed is not None:
-                        tx = Tx(session, scope, key, attempt)
+                        tx = Tx(session, scope, key, attempt, delivery)
                         try:
                             result = handler(payload, tx)
                             encoded = codec.encode(result, max_bytes=self.max_result_bytes)

@@ -39,6 +39,7 @@ from onceonly.errors import (
     PayloadMismatch,
     ReplayedError,
 )
+from onceonly.messaging import Delivery
 from onceonly.outcome import Outcome, new_token, seconds
 from onceonly.types import AsyncSession, AsyncStore, Params
 
@@ -56,13 +57,23 @@ class AsyncTx:
         key: the idempotency key being processed.
         scope: the inbox's consumer name.
         attempt: 1 for the first run, 2 for the first retry, …
+        delivery: the broker delivery being processed (its delivery count, headers),
+            when a broker consumer runs the handler; else ``None``.
     """
 
-    def __init__(self, session: AsyncSession, scope: str, key: str, attempt: int) -> None:
+    def __init__(
+        self,
+        session: AsyncSession,
+        scope: str,
+        key: str,
+        attempt: int,
+        delivery: Delivery | None = None,
+    ) -> None:
         self._session = session
         self.scope = scope
         self.key = key
         self.attempt = attempt
+        self.delivery = delivery
 
     @property
     def connection(self) -> Any:
@@ -148,6 +159,7 @@ class AsyncInbox:
         handler: Callable[[Any, AsyncTx], Awaitable[T]],
         *,
         connection: Any = None,
+        delivery: Delivery | None = None,
     ) -> Outcome[T]:
         """Run ``handler(payload, tx)`` once for ``key``, or replay its stored result.
 
@@ -157,6 +169,7 @@ class AsyncInbox:
             handler: does the work through ``tx``; its return value is stored.
             connection: a caller's connection already inside a transaction; the claim
                 joins it (in a savepoint) and it is never committed here.
+            delivery: broker metadata handed to the handler as ``tx.delivery``.
 
         Returns:
             An :class:`Outcome`; ``replayed`` is true when the handler did not run.
@@ -212,7 +225,7 @@ class AsyncInbox:
                             if claimed is None:
                                 continue  # lost a race for the row: read it again
                     if claimed is not None:
-                        tx = AsyncTx(session, scope, key, attempt)
+                        tx = AsyncTx(session, scope, key, attempt, delivery)
                         try:
                             result = await handler(payload, tx)
                             encoded = codec.encode(result, max_bytes=self.max_result_bytes)
