@@ -21,6 +21,8 @@ SOURCES = [
     "src/onceonly/inbox_async.py",
     "src/onceonly/leased_async.py",
     "src/onceonly/stores/postgres_async.py",
+    "src/onceonly/outbox_async.py",
+    "src/onceonly/relay_async.py",
 ]
 
 RULES: list[tuple[str, str]] = [
@@ -30,10 +32,13 @@ RULES: list[tuple[str, str]] = [
     (r"\b__aenter__\b", "__enter__"),
     (r"\b__aexit__\b", "__exit__"),
     (r"\basleep\b", "sleep"),
+    (r"\bagather\b", "gather"),
+    (r"\basync for\b", "for"),
     (r"\basynccontextmanager\b", "contextmanager"),
     (r"\bAbstractAsyncContextManager\b", "AbstractContextManager"),
     (r"\bAsyncIterator\b", "Iterator"),
     (r"\bcurrent_async_claim\b", "current_claim"),
+    (r"\b(\w+)_async\b", r"\1"),
     (r"\bAsync([A-Z]\w*)", r"\1"),
 ]
 

@@ -31,8 +31,13 @@ from onceonly.inbox_async import AsyncInbox, AsyncTx
 from onceonly.keys import composite_key, content_key, time_window_key, uuid7, validate_key
 from onceonly.leased import Claim, current_claim
 from onceonly.leased_async import AsyncClaim, current_async_claim
+from onceonly.messaging import AsyncPublisher, Delivery, OutboxMessage, Publisher
 from onceonly.open import open_async_store, open_store
+from onceonly.outbox import Outbox
+from onceonly.outbox_async import AsyncOutbox
 from onceonly.outcome import Outcome
+from onceonly.relay import Relay, RelayStats
+from onceonly.relay_async import AsyncRelay
 
 __version__ = "0.1.0"
 
@@ -41,11 +46,15 @@ _logging.getLogger("onceonly").addHandler(_logging.NullHandler())
 __all__ = [
     "AsyncClaim",
     "AsyncInbox",
+    "AsyncOutbox",
+    "AsyncPublisher",
+    "AsyncRelay",
     "AsyncTx",
     "Claim",
     "ConfigurationError",
     "CorruptRecord",
     "DeadLettered",
+    "Delivery",
     "EncodingError",
     "InFlight",
     "Inbox",
@@ -53,9 +62,14 @@ __all__ = [
     "LeaseLost",
     "MissingMessageId",
     "OnceOnlyError",
+    "Outbox",
+    "OutboxMessage",
     "Outcome",
     "PayloadMismatch",
     "PublishError",
+    "Publisher",
+    "Relay",
+    "RelayStats",
     "ReplayedError",
     "StoreError",
     "StoreUnavailable",

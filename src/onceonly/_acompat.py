@@ -27,6 +27,23 @@ async def asleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
+def gather(thunks: list[Callable[[], None]], limit: int) -> None:
+    """Run ``thunks`` one after the other (the sync twin of :func:`agather`)."""
+    for thunk in thunks:
+        thunk()
+
+
+async def agather(thunks: list[Callable[[], Awaitable[None]]], limit: int) -> None:
+    """Run ``thunks`` concurrently, at most ``limit`` at a time."""
+    semaphore = asyncio.Semaphore(limit)
+
+    async def run(thunk: Callable[[], Awaitable[None]]) -> None:
+        async with semaphore:
+            await thunk()
+
+    await asyncio.gather(*(run(t) for t in thunks))
+
+
 class Heartbeat:
     """Calls ``beat()`` every ``interval`` seconds in a daemon thread until stopped.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from onceonly import _acompat
@@ -41,6 +41,7 @@ from onceonly.errors import (
     ReplayedError,
 )
 from onceonly.messaging import Delivery
+from onceonly.outbox import Outbox
 from onceonly.outcome import Outcome, new_token, seconds
 from onceonly.types import Params, Session, Store
 
@@ -69,8 +70,10 @@ class Tx:
         key: str,
         attempt: int,
         delivery: Delivery | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
         self._session = session
+        self._outbox = outbox
         self.scope = scope
         self.key = key
         self.attempt = attempt
@@ -84,6 +87,33 @@ class Tx:
     def execute(self, sql: str, params: Params = None) -> Any:
         """Run ``sql`` with ``?`` placeholders in the claim's transaction; returns a cursor."""
         return self._session.execute(sql, params)
+
+    def publish(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> str:
+        """Write an outbox message in this transaction; a relay publishes it after commit.
+
+        Args:
+            topic: where the relay publishes it (routing key, subject, stream).
+            payload: JSON data or a dataclass.
+            key: an ordering key (with an ordered outbox and relay).
+            headers: string headers sent with the message.
+
+        Returns:
+            The message id (UUIDv7), which the broker carries as the message id.
+
+        Raises:
+            ConfigurationError: the store has no outbox (the memory store).
+        """
+        if self._outbox is None:
+            raise ConfigurationError("this inbox's store has no outbox (use SQLite or PostgreSQL)")
+        message = self._outbox.prepare(topic, payload, key=key, headers=headers)
+        return self._outbox.write(self._session, message)
 
 
 class Inbox:
@@ -102,6 +132,8 @@ class Inbox:
         keep_payload: store a snapshot of the payload on failed/dead records for redrive.
         max_result_bytes: the largest encoded result stored.
         result_type: a dataclass type that replayed results are rebuilt as.
+        outbox: the outbox ``tx.publish`` writes to (default: the store's default outbox
+            table, on SQL stores).
 
     .. versionadded:: 0.1
     """
@@ -121,6 +153,7 @@ class Inbox:
         keep_payload: bool = True,
         max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
         result_type: Any = None,
+        outbox: Outbox | None = None,
     ) -> None:
         if not getattr(store, "atomic", False):
             raise ConfigurationError(
@@ -139,6 +172,9 @@ class Inbox:
         self.keep_payload = keep_payload
         self.max_result_bytes = max_result_bytes
         self.result_type = result_type
+        if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql"):
+            outbox = Outbox(store)
+        self.outbox = outbox
 
     def _replay(self, record: Record) -> Outcome[Any]:
         if record.error is not None and record.result is not None:
@@ -226,7 +262,7 @@ class Inbox:
                             if claimed is None:
                                 continue  # lost a race for the row: read it again
                     if claimed is not None:
-                        tx = Tx(session, scope, key, attempt, delivery)
+                        tx = Tx(session, scope, key, attempt, delivery, self.outbox)
                         try:
                             result = handler(payload, tx)
                             encoded = codec.encode(result, max_bytes=self.max_result_bytes)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from onceonly import _acompat
@@ -40,6 +40,7 @@ from onceonly.errors import (
     ReplayedError,
 )
 from onceonly.messaging import Delivery
+from onceonly.outbox_async import AsyncOutbox
 from onceonly.outcome import Outcome, new_token, seconds
 from onceonly.types import AsyncSession, AsyncStore, Params
 
@@ -68,8 +69,10 @@ class AsyncTx:
         key: str,
         attempt: int,
         delivery: Delivery | None = None,
+        outbox: AsyncOutbox | None = None,
     ) -> None:
         self._session = session
+        self._outbox = outbox
         self.scope = scope
         self.key = key
         self.attempt = attempt
@@ -83,6 +86,33 @@ class AsyncTx:
     async def execute(self, sql: str, params: Params = None) -> Any:
         """Run ``sql`` with ``?`` placeholders in the claim's transaction; returns a cursor."""
         return await self._session.execute(sql, params)
+
+    async def publish(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> str:
+        """Write an outbox message in this transaction; a relay publishes it after commit.
+
+        Args:
+            topic: where the relay publishes it (routing key, subject, stream).
+            payload: JSON data or a dataclass.
+            key: an ordering key (with an ordered outbox and relay).
+            headers: string headers sent with the message.
+
+        Returns:
+            The message id (UUIDv7), which the broker carries as the message id.
+
+        Raises:
+            ConfigurationError: the store has no outbox (the memory store).
+        """
+        if self._outbox is None:
+            raise ConfigurationError("this inbox's store has no outbox (use SQLite or PostgreSQL)")
+        message = self._outbox.prepare(topic, payload, key=key, headers=headers)
+        return await self._outbox.write(self._session, message)
 
 
 class AsyncInbox:
@@ -101,6 +131,8 @@ class AsyncInbox:
         keep_payload: store a snapshot of the payload on failed/dead records for redrive.
         max_result_bytes: the largest encoded result stored.
         result_type: a dataclass type that replayed results are rebuilt as.
+        outbox: the outbox ``tx.publish`` writes to (default: the store's default outbox
+            table, on SQL stores).
 
     .. versionadded:: 0.1
     """
@@ -120,6 +152,7 @@ class AsyncInbox:
         keep_payload: bool = True,
         max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
         result_type: Any = None,
+        outbox: AsyncOutbox | None = None,
     ) -> None:
         if not getattr(store, "atomic", False):
             raise ConfigurationError(
@@ -138,6 +171,9 @@ class AsyncInbox:
         self.keep_payload = keep_payload
         self.max_result_bytes = max_result_bytes
         self.result_type = result_type
+        if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql"):
+            outbox = AsyncOutbox(store)
+        self.outbox = outbox
 
     def _replay(self, record: Record) -> Outcome[Any]:
         if record.error is not None and record.result is not None:
@@ -225,7 +261,7 @@ class AsyncInbox:
                             if claimed is None:
                                 continue  # lost a race for the row: read it again
                     if claimed is not None:
-                        tx = AsyncTx(session, scope, key, attempt, delivery)
+                        tx = AsyncTx(session, scope, key, attempt, delivery, self.outbox)
                         try:
                             result = await handler(payload, tx)
                             encoded = codec.encode(result, max_bytes=self.max_result_bytes)

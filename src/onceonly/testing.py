@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["ManualClock"]
+from onceonly.errors import PublishError
+from onceonly.messaging import OutboxMessage
+
+__all__ = ["AsyncListPublisher", "ListPublisher", "ManualClock"]
 
 
 class ManualClock:
@@ -28,3 +31,42 @@ class ManualClock:
             raise ValueError("a clock does not go backwards")
         with self._lock:
             self._now += seconds
+
+
+class ListPublisher:
+    """A publisher that keeps what it is given, for tests of code that uses the outbox.
+
+    ``fail`` maps a topic to the number of publishes of that topic that raise
+    :class:`~onceonly.PublishError` before it starts succeeding (``-1``: always).
+
+    .. versionadded:: 0.1
+    """
+
+    def __init__(self, fail: dict[str, int] | None = None) -> None:
+        self.messages: list[OutboxMessage] = []
+        self.fail = dict(fail or {})
+        self._lock = threading.Lock()
+
+    def _publish(self, message: OutboxMessage) -> None:
+        with self._lock:
+            left = self.fail.get(message.topic, 0)
+            if left != 0:
+                self.fail[message.topic] = left - 1 if left > 0 else left
+                raise PublishError(f"refused {message.topic}", key=message.id)
+            self.messages.append(message)
+
+    def publish(self, message: OutboxMessage) -> None:
+        self._publish(message)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class AsyncListPublisher(ListPublisher):
+    """The async form of :class:`ListPublisher`."""
+
+    async def publish(self, message: OutboxMessage) -> None:  # type: ignore[override]
+        self._publish(message)
+
+    async def close(self) -> None:  # type: ignore[override]
+        """Nothing to release."""

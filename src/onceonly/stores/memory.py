@@ -164,6 +164,7 @@ class MemoryStore:
     """
 
     atomic = True
+    dialect = "memory"
 
     def __init__(self, *, clock: Callable[[], float] | None = None, url: str = "memory://") -> None:
         self.url = url

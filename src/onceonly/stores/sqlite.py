@@ -26,6 +26,8 @@ from typing import Any
 
 from onceonly._core.sql import validate_identifier
 from onceonly._core.state import Record, State, Write
+from onceonly._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
+from onceonly._outbox_sql import OutboxSQL
 from onceonly.errors import ConfigurationError, InFlight, StoreError, StoreUnavailable
 from onceonly.types import Params, Snapshot
 
@@ -169,11 +171,13 @@ class SQLiteStore:
         synchronous: ``NORMAL`` (default) or ``FULL``.
         clock: the store's clock (default ``time.time``, shared by all processes of the
             machine); tests may inject one.
+        outbox_table: the outbox table ``migrate()`` creates (``None``: none).
 
     .. versionadded:: 0.1
     """
 
     atomic = True
+    dialect = "sqlite"
 
     def __init__(
         self,
@@ -184,6 +188,7 @@ class SQLiteStore:
         synchronous: str = "NORMAL",
         url: str | None = None,
         clock: Callable[[], float] | None = None,
+        outbox_table: str | None = "onceonly_outbox",
     ) -> None:
         if path in ("", ":memory:"):
             raise ConfigurationError(
@@ -196,6 +201,7 @@ class SQLiteStore:
         self.clock: Callable[[], float] = clock or time.time
         self.url = url or f"sqlite:///{path}"
         self.table = validate_identifier(table)
+        self.outbox_table = validate_identifier(outbox_table) if outbox_table is not None else None
         self.timeout = timeout
         self.synchronous = synchronous.upper()
         self._pool: list[sqlite3.Connection] = []
@@ -276,6 +282,16 @@ class SQLiteStore:
                 " PRIMARY KEY (scope, key)) WITHOUT ROWID"
             )
             c.execute(f"CREATE INDEX IF NOT EXISTS {t}_state_expiry ON {t} (state, expires_at)")
+            if self.outbox_table is not None:
+                outbox = OutboxSQL("sqlite", self.outbox_table)
+                for statement in outbox.migrate():
+                    c.execute(statement)
+                c.execute(
+                    "INSERT INTO onceonly_schema (component, version) VALUES (?, ?)"
+                    " ON CONFLICT (component) DO UPDATE SET version = excluded.version"
+                    " WHERE excluded.version > onceonly_schema.version",
+                    (f"outbox:{self.outbox_table}", OUTBOX_SCHEMA_VERSION),
+                )
             c.execute(
                 "INSERT INTO onceonly_schema (component, version) VALUES (?, ?)"
                 " ON CONFLICT (component) DO UPDATE SET version = excluded.version"
@@ -371,7 +387,7 @@ def from_url(url: str, **options: Any) -> SQLiteStore:
     if not path:
         raise ConfigurationError(f"the SQLite URL {url!r} names no file")
     opts = dict(urllib.parse.parse_qsl(parsed.query))
-    unknown = set(opts) - {"table", "timeout", "synchronous"}
+    unknown = set(opts) - {"table", "timeout", "synchronous", "outbox_table"}
     if unknown:
         raise ConfigurationError(f"unknown SQLite URL options: {sorted(unknown)}")
     try:
@@ -383,5 +399,7 @@ def from_url(url: str, **options: Any) -> SQLiteStore:
         "timeout": timeout,
         "synchronous": opts.get("synchronous", "NORMAL"),
     }
+    if "outbox_table" in opts:
+        kwargs["outbox_table"] = opts["outbox_table"]
     kwargs.update(options)
     return SQLiteStore(urllib.parse.unquote(path), url=url, **kwargs)

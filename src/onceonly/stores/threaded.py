@@ -22,6 +22,25 @@ __all__ = ["ThreadedAsyncStore"]
 T = TypeVar("T")
 
 
+class ThreadedAsyncCursor:
+    """A DB-API cursor whose fetches run on the session's thread."""
+
+    def __init__(self, cursor: Any, run: Callable[..., Any]) -> None:
+        self._cursor = cursor
+        self._run = run
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount)
+
+    async def fetchone(self) -> Any:
+        return await self._run(self._cursor.fetchone)
+
+    async def fetchall(self) -> list[Any]:
+        rows: list[Any] = await self._run(self._cursor.fetchall)
+        return rows
+
+
 class ThreadedAsyncSession:
     """The async methods of a sync session, each run on the session's own thread."""
 
@@ -36,8 +55,9 @@ class ThreadedAsyncSession:
     def connection(self) -> Any:
         return self._session.connection
 
-    async def execute(self, sql: str, params: Params = None) -> Any:
-        return await self._run(self._session.execute, sql, params)
+    async def execute(self, sql: str, params: Params = None) -> ThreadedAsyncCursor:
+        cursor = await self._run(self._session.execute, sql, params)
+        return ThreadedAsyncCursor(cursor, self._run)
 
     async def claim(self, scope: str, key: str, write: Write) -> Snapshot:
         return await self._run(self._session.claim, scope, key, write)
@@ -65,6 +85,7 @@ class ThreadedAsyncStore:
         self.sync = store
         self.url = store.url
         self.atomic = store.atomic
+        self.dialect: str = getattr(store, "dialect", "memory")
 
     async def migrate(self) -> None:
         await asyncio.to_thread(self.sync.migrate)
