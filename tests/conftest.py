@@ -87,6 +87,7 @@ class StoreFactory:
             if self._memory is None:
                 self._memory = MemoryStore()
             return self._memory
+        options.setdefault("outbox_table", f"{self.table}_outbox")
         store = onceonly.open_store(self.url, table=self.table, **options)
         self._opened.append(store)
         return store
@@ -97,6 +98,7 @@ class StoreFactory:
         if self.kind == "postgres" and _pg_ok:
             drop_pg_table(self.table)
             drop_pg_table(f"{self.table}_ledger")
+            drop_pg_table(f"{self.table}_outbox")
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -109,6 +111,13 @@ def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[St
 @pytest.fixture(params=SQL_KINDS)
 def sql_store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
     factory = StoreFactory(request.param, tmp_path)
+    yield factory
+    factory.close()
+
+
+@pytest.fixture
+def pg_store_factory(tmp_path: Path) -> Iterator[StoreFactory]:
+    factory = StoreFactory("postgres", tmp_path)
     yield factory
     factory.close()
 
@@ -138,13 +147,14 @@ async def async_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
         "sqlite": f"sqlite:///{tmp_path / 'onceonly.db'}",
         "postgres": PG_URL,
     }[kind]
-    options = {} if kind == "memory" else {"table": table}
+    options = {} if kind == "memory" else {"table": table, "outbox_table": f"{table}_outbox"}
     store = onceonly.open_async_store(url, **options)
     await store.migrate()
     yield store
     await store.close()
     if kind == "postgres":
         drop_pg_table(table)
+        drop_pg_table(f"{table}_outbox")
 
 
 def business_table(store: Any, name: str | None = None) -> Callable[[], int]:

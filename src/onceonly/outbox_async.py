@@ -29,14 +29,17 @@ __all__ = ["AsyncOutbox", "OutboxRow"]
 DEFAULT_TABLE = "onceonly_outbox"
 
 
-def outbox_sql(store: Any, table: str) -> OutboxSQL:
-    """The outbox statements for ``store``'s dialect; ConfigurationError if it has none."""
+def outbox_sql(store: Any, table: str | None) -> OutboxSQL:
+    """The outbox statements for ``store``'s dialect; ConfigurationError if it has none.
+
+    ``table`` defaults to the store's ``outbox_table`` (the one ``migrate()`` creates).
+    """
     dialect = getattr(store, "dialect", None)
     if dialect not in ("sqlite", "postgresql"):
         raise ConfigurationError(
             f"the outbox needs a SQL store (SQLite or PostgreSQL), not {type(store).__name__}"
         )
-    return OutboxSQL(dialect, table)
+    return OutboxSQL(dialect, table or getattr(store, "outbox_table", None) or DEFAULT_TABLE)
 
 
 def _headers(headers: Mapping[str, str] | None) -> str | None:
@@ -76,7 +79,7 @@ class AsyncOutbox:
 
     Args:
         store: a SQLite or PostgreSQL store.
-        table: the outbox table name (validated identifier).
+        table: the outbox table name (default: the store's ``outbox_table``).
         ordered: take a per-key lock on insert so a key's messages are published in
             commit order (relays must run with ``ordered=True`` too).
         max_payload_bytes: the largest encoded payload accepted (:class:`TooLarge`).
@@ -88,7 +91,7 @@ class AsyncOutbox:
         self,
         store: AsyncStore,
         *,
-        table: str = DEFAULT_TABLE,
+        table: str | None = None,
         ordered: bool = False,
         max_payload_bytes: int = codec.DEFAULT_MAX_BYTES,
     ) -> None:

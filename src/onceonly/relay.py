@@ -33,7 +33,7 @@ from onceonly import _acompat
 from onceonly._core.backoff import backoff_delay
 from onceonly._core.codec import error_summary
 from onceonly.messaging import OutboxMessage, Publisher
-from onceonly.outbox import DEFAULT_TABLE, outbox_sql, row_message
+from onceonly.outbox import outbox_sql, row_message
 from onceonly.outcome import new_token
 from onceonly.types import Session, Store
 
@@ -64,7 +64,7 @@ class Relay:
     Args:
         store: the SQLite or PostgreSQL store that holds the outbox.
         publisher: an :class:`~onceonly.messaging.Publisher`.
-        table: the outbox table.
+        table: the outbox table (default: the store's ``outbox_table``).
         batch_size: rows claimed at once.
         poll_interval: seconds between polls when idle (LISTEN shortens it on PostgreSQL).
         max_attempts: failed publishes after which a row is dead.
@@ -83,7 +83,7 @@ class Relay:
         store: Store,
         publisher: Publisher,
         *,
-        table: str = DEFAULT_TABLE,
+        table: str | None = None,
         batch_size: int = 100,
         poll_interval: float = 1.0,
         max_attempts: int = 10,

@@ -32,7 +32,7 @@ from onceonly import _acompat
 from onceonly._core.backoff import backoff_delay
 from onceonly._core.codec import error_summary
 from onceonly.messaging import AsyncPublisher, OutboxMessage
-from onceonly.outbox_async import DEFAULT_TABLE, outbox_sql, row_message
+from onceonly.outbox_async import outbox_sql, row_message
 from onceonly.outcome import new_token
 from onceonly.types import AsyncSession, AsyncStore
 
@@ -63,7 +63,7 @@ class AsyncRelay:
     Args:
         store: the SQLite or PostgreSQL store that holds the outbox.
         publisher: an :class:`~onceonly.messaging.AsyncPublisher`.
-        table: the outbox table.
+        table: the outbox table (default: the store's ``outbox_table``).
         batch_size: rows claimed at once.
         poll_interval: seconds between polls when idle (LISTEN shortens it on PostgreSQL).
         max_attempts: failed publishes after which a row is dead.
@@ -82,7 +82,7 @@ class AsyncRelay:
         store: AsyncStore,
         publisher: AsyncPublisher,
         *,
-        table: str = DEFAULT_TABLE,
+        table: str | None = None,
         batch_size: int = 100,
         poll_interval: float = 1.0,
         max_attempts: int = 10,

@@ -86,6 +86,8 @@ class ThreadedAsyncStore:
         self.url = store.url
         self.atomic = store.atomic
         self.dialect: str = getattr(store, "dialect", "memory")
+        self.table: str | None = getattr(store, "table", None)
+        self.outbox_table: str | None = getattr(store, "outbox_table", None)
 
     async def migrate(self) -> None:
         await asyncio.to_thread(self.sync.migrate)
