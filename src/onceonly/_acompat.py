@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -44,36 +47,80 @@ async def agather(thunks: list[Callable[[], Awaitable[None]]], limit: int) -> No
     await asyncio.gather(*(run(t) for t in thunks))
 
 
+class _Renewals:
+    """One daemon thread per process that runs every sync heartbeat when it is due.
+
+    Starting a thread per call cost more than the claim itself; the scheduler keeps a
+    heap of due times instead. It is created on first use and again after a fork.
+    """
+
+    _instance: _Renewals | None = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Heartbeat]] = []
+        self._seq = itertools.count()
+        threading.Thread(target=self._run, name="onceonly-renewals", daemon=True).start()
+
+    @classmethod
+    def get(cls) -> _Renewals:
+        with cls._instance_lock:
+            if cls._instance is None or cls._instance.pid != os.getpid():
+                cls._instance = cls()
+            return cls._instance
+
+    def schedule(self, hb: Heartbeat, due: float) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._seq), hb))
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    timeout = self._heap[0][0] - time.monotonic() if self._heap else None
+                    self._cond.wait(timeout)
+                _, _, hb = heapq.heappop(self._heap)
+            if hb.beat_once():
+                self.schedule(hb, time.monotonic() + hb.interval)
+
+
 class Heartbeat:
-    """Calls ``beat()`` every ``interval`` seconds in a daemon thread until stopped.
+    """Calls ``beat()`` every ``interval`` seconds (on a shared thread) until stopped.
 
     ``beat`` returns False when the claim is gone; the heartbeat then stops and
-    ``lost`` becomes true.
+    ``lost`` becomes true. After :meth:`stop` returns, ``beat`` is not running and
+    will not run again.
     """
 
     def __init__(self, interval: float, beat: Callable[[], bool]) -> None:
         self.interval = interval
         self._beat = beat
-        self._stop = threading.Event()
+        self._lock = threading.Lock()  # held while a beat runs
+        self._stopped = False
         self.lost = False
-        self._thread = threading.Thread(target=self._run, name="onceonly-heartbeat", daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+    def beat_once(self) -> bool:
+        """Run one beat; whether to schedule the next."""
+        with self._lock:
+            if self._stopped:
+                return False
             try:
                 if not self._beat():
                     self.lost = True
-                    return
+                    return False
             except Exception:  # a failed renewal is retried at the next beat
                 log.warning("lease renewal failed; retrying", exc_info=True)
+            return True
 
     def start(self) -> None:
-        self._thread.start()
+        _Renewals.get().schedule(self, time.monotonic() + self.interval)
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        with self._lock:
+            self._stopped = True
 
 
 class AsyncHeartbeat:
