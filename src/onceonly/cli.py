@@ -57,6 +57,30 @@ def _run_demo(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from exc
 
 
+def _configure_relay(parser: argparse.ArgumentParser) -> None:
+    from onceonly.cli_outbox import configure_relay
+
+    configure_relay(parser)
+
+
+def _run_relay(args: argparse.Namespace) -> int:
+    from onceonly.cli_outbox import run_relay
+
+    return run_relay(args)
+
+
+def _configure_outbox(parser: argparse.ArgumentParser) -> None:
+    from onceonly.cli_outbox import configure_outbox
+
+    configure_outbox(parser)
+
+
+def _run_outbox(args: argparse.Namespace) -> int:
+    from onceonly.cli_outbox import run_outbox
+
+    return run_outbox(args)
+
+
 COMMANDS: tuple[Command, ...] = (
     Command(
         name="demo",
@@ -70,6 +94,24 @@ COMMANDS: tuple[Command, ...] = (
         ),
         configure=_configure_demo,
         run=_run_demo,
+    ),
+    Command(
+        name="relay",
+        help="publish outbox rows to a broker until SIGTERM",
+        description=(
+            "Relay the outbox of a store to RabbitMQ, NATS JetStream or Redis Streams."
+            " Each row is published with its id as the message id, confirmed by the"
+            " broker, then deleted. SIGTERM or Ctrl-C finishes the batch in hand and exits."
+        ),
+        configure=_configure_relay,
+        run=_run_relay,
+    ),
+    Command(
+        name="outbox",
+        help="list, count and redrive outbox rows",
+        description="Inspect the outbox: list dead (or pending) rows, count them, redrive.",
+        configure=_configure_outbox,
+        run=_run_outbox,
     ),
 )
 

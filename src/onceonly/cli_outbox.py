@@ -1,0 +1,155 @@
+# SPDX-License-Identifier: MIT
+"""``onceonly relay`` and ``onceonly outbox``: run a relay, inspect and redrive the outbox."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import urllib.parse
+from typing import Any
+
+from onceonly.errors import ConfigurationError
+from onceonly.messaging import AsyncPublisher
+
+__all__ = ["configure_outbox", "configure_relay", "publisher_from_url", "run_outbox", "run_relay"]
+
+
+def publisher_from_url(url: str, **options: Any) -> AsyncPublisher:
+    """A publisher for ``amqp://``, ``nats://`` or ``redis://`` URLs.
+
+    Raises:
+        ConfigurationError: an unknown scheme, or the broker's extra is not installed.
+    """
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    try:
+        if scheme in ("amqp", "amqps"):
+            from onceonly.brokers.rabbitmq import RabbitMQPublisher
+
+            return RabbitMQPublisher(url, **options)
+        if scheme in ("nats", "tls"):
+            from onceonly.brokers.nats import NatsPublisher
+
+            return NatsPublisher(url, **options)
+        if scheme in ("redis", "rediss", "unix"):
+            from onceonly.brokers.redis_streams import RedisStreamsPublisher
+
+            return RedisStreamsPublisher(url, **options)
+    except ImportError as exc:
+        extra = {"amqp": "rabbitmq", "amqps": "rabbitmq", "nats": "nats", "tls": "nats"}.get(
+            scheme, "redis"
+        )
+        raise ConfigurationError(
+            f"the {scheme} broker needs the {extra} extra: pip install 'onceonly[{extra}]'"
+        ) from exc
+    raise ConfigurationError(
+        f"unknown broker URL scheme {scheme!r}: use amqp://, nats:// or redis://"
+    )
+
+
+def configure_relay(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", required=True, help="the store URL holding the outbox")
+    parser.add_argument("--broker", required=True, help="amqp://…, nats://… or redis://…")
+    parser.add_argument("--table", default=None, help="outbox table (default: the store's)")
+    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--poll-interval", type=float, default=1.0)
+    parser.add_argument("--max-attempts", type=int, default=10)
+    parser.add_argument("--ordered", action="store_true", help="per-key ordering")
+    parser.add_argument(
+        "--prefix", default="", help="prefix for subjects (nats) or stream keys (redis)"
+    )
+
+
+def _prefix_option(broker: str, prefix: str) -> dict[str, Any]:
+    if not prefix:
+        return {}
+    scheme = urllib.parse.urlsplit(broker).scheme.lower()
+    if scheme in ("nats", "tls"):
+        return {"subject_prefix": prefix}
+    if scheme in ("redis", "rediss", "unix"):
+        return {"stream_prefix": prefix}
+    raise ConfigurationError("--prefix applies to nats:// and redis:// brokers")
+
+
+async def _relay(args: argparse.Namespace) -> int:
+    from onceonly.open import open_async_store
+    from onceonly.relay_async import AsyncRelay
+
+    store = open_async_store(args.url)
+    publisher = publisher_from_url(args.broker, **_prefix_option(args.broker, args.prefix))
+    relay = AsyncRelay(
+        store,
+        publisher,
+        table=args.table,
+        batch_size=args.batch_size,
+        poll_interval=args.poll_interval,
+        max_attempts=args.max_attempts,
+        ordered=args.ordered,
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, relay.stop)
+    sys.stderr.write(f"onceonly relay: {args.url} -> {args.broker}\n")
+    try:
+        stats = await relay.run()
+    finally:
+        await publisher.close()
+        await store.close()
+    sys.stderr.write(
+        f"onceonly relay: stopped; published {stats.published}, failed {stats.failed},"
+        f" dead {stats.dead}\n"
+    )
+    return 0
+
+
+def run_relay(args: argparse.Namespace) -> int:
+    return asyncio.run(_relay(args))
+
+
+def configure_outbox(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", required=True, help="the store URL holding the outbox")
+    parser.add_argument("--table", default=None, help="outbox table (default: the store's)")
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    show = sub.add_parser("list", help="list rows (dead by default) as JSON lines")
+    show.add_argument("--state", choices=("dead", "pending"), default="dead")
+    show.add_argument("--limit", type=int, default=100)
+    redrive = sub.add_parser("redrive", help="put dead rows back to pending")
+    which = redrive.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", help="one message id")
+    which.add_argument("--all", action="store_true", help="every dead row")
+    sub.add_parser("counts", help="pending and dead counts")
+
+
+def run_outbox(args: argparse.Namespace) -> int:
+    from onceonly.open import open_store
+    from onceonly.outbox import Outbox
+
+    store = open_store(args.url)
+    try:
+        outbox = Outbox(store, table=args.table)
+        out = sys.stdout
+        if args.action == "list":
+            for row in outbox.rows(args.state, args.limit):
+                m = row.message
+                record = {
+                    "id": m.id,
+                    "topic": m.topic,
+                    "key": m.key,
+                    "attempts": m.attempts,
+                    "last_error": row.last_error,
+                    "payload": m.decoded(),
+                }
+                out.write(json.dumps(record) + "\n")
+        elif args.action == "redrive":
+            n = outbox.redrive(None if args.all else args.id)
+            out.write(f"redriven: {n}\n")
+            if not args.all and n == 0:
+                sys.stderr.write(f"onceonly outbox: no dead row with id {args.id}\n")
+                return 1
+        else:
+            out.write(json.dumps(outbox.counts()) + "\n")
+    finally:
+        store.close()
+    return 0
