@@ -1,0 +1,538 @@
+# SPDX-License-Identifier: MIT
+"""RabbitMQ (AMQP 0-9-1, through aio-pika): an outbox publisher and an inbox consumer.
+
+Publisher (:class:`RabbitMQPublisher`):
+
+* publishes on a channel with publisher confirms and ``mandatory=True``, so ``publish``
+  returns only once the broker has taken the message; a nack, an unroutable message
+  (``basic.return``), a missing exchange, a timeout or a lost connection raise
+  :class:`~onceonly.PublishError`;
+* the outbox row id travels as the AMQP ``message_id`` (aiormq matches returns to
+  publishes by it, so ids must be unique among the messages in flight: UUIDv7s are);
+* after a connection loss the next ``publish`` opens a new connection (when the
+  publisher opened it itself) or a new channel.
+
+Consumer (:class:`RabbitMQConsumer`):
+
+* each delivery runs ``inbox.process(message_id, payload, handler)``; it is acked only
+  after the inbox's commit, nacked with requeue to be retried, and a dead message is
+  first published (confirmed) to the dead-letter queue with the ``onceonly-*`` headers
+  and only then acked. A dead-letter publish that fails leaves the message for
+  redelivery: never a silent drop;
+* the queue is declared durable and, by default, as a quorum queue, whose
+  ``x-delivery-count`` header gives ``tx.delivery.delivery_count``; classic queues only
+  have the ``redelivered`` flag (``delivery_count`` is then ``None``). The declared
+  queue dead-letters to the same dead-letter queue, so a message the broker itself
+  gives up on (a quorum queue's ``delivery-limit``) lands there too;
+* RabbitMQ has no per-message visibility timeout: an unacked message stays with its
+  consumer until the channel closes, or until the broker's ``consumer_timeout``
+  (default 30 minutes) closes the channel. Handlers are coroutines, so the connection's
+  heartbeat keeps running while they await; nothing needs renewing. A handler that
+  may run longer than ``consumer_timeout`` needs that broker setting raised;
+* ``stop()`` cancels the subscription, lets running handlers finish and settle (up to
+  ``shutdown_timeout``; the rest are cancelled, roll back and are redelivered), then
+  closes what the consumer opened.
+
+Logs go to ``onceonly.brokers.rabbitmq`` with the message id on every line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import Any
+
+import aio_pika
+import aiormq
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    ConsumerTag,
+)
+
+from onceonly.brokers._consumer import (
+    Handler,
+    InFlightTracker,
+    MessageIds,
+    Settlement,
+    Verdict,
+    decode_body,
+    settle,
+)
+from onceonly.errors import ConfigurationError, PublishError
+from onceonly.inbox_async import AsyncInbox
+from onceonly.messaging import (
+    HEADER_ATTEMPTS,
+    HEADER_ERROR,
+    HEADER_KEY,
+    HEADER_MESSAGE_ID,
+    HEADER_REASON,
+    Delivery,
+    OutboxMessage,
+)
+
+__all__ = ["RabbitMQConsumer", "RabbitMQPublisher"]
+
+log = logging.getLogger("onceonly.brokers.rabbitmq")
+
+JSON = "application/json"
+MAX_ERROR_CHARS = 1000
+RETRY_DELAY_CAP = 1.0  # longest pause before requeueing an in-flight or store-error retry
+
+
+@contextlib.contextmanager
+def _translate(message_id: str | None, where: str) -> Iterator[None]:
+    """Map every aio-pika/aiormq failure of one publish to :class:`PublishError`."""
+    try:
+        yield
+    except aiormq.exceptions.PublishError as exc:
+        raise PublishError(f"unroutable: {where} has no queue bound", key=message_id) from exc
+    except aiormq.exceptions.DeliveryError as exc:
+        raise PublishError(
+            f"the broker refused the message (nack) on {where}", key=message_id
+        ) from exc
+    except aiormq.exceptions.ChannelNotFoundEntity as exc:
+        raise PublishError(f"{where}: not found ({exc})", key=message_id) from exc
+    except (TimeoutError, asyncio.TimeoutError) as exc:  # distinct classes on 3.10
+        raise PublishError(f"{where} did not confirm in time", key=message_id) from exc
+    except (aiormq.exceptions.AMQPError, ConnectionError, OSError, RuntimeError) as exc:
+        raise PublishError(f"connection to the broker failed: {exc!r}", key=message_id) from exc
+
+
+async def _publish_confirmed(
+    exchange: AbstractExchange, message: aio_pika.Message, routing_key: str, timeout: float
+) -> None:
+    """Publish mandatory on a confirming channel; raise PublishError unless confirmed."""
+    where = f"exchange {exchange.name!r} routing key {routing_key!r}"
+    with _translate(message.message_id, where):
+        result = await exchange.publish(message, routing_key, mandatory=True, timeout=timeout)
+    if isinstance(result, aiormq.abc.DeliveredMessage):  # returned, on_return_raises=False
+        raise PublishError(f"unroutable: {where} has no queue bound", key=message.message_id)
+    if not isinstance(result, aiormq.spec.Basic.Ack):
+        raise PublishError(f"{where} did not confirm the message", key=message.message_id)
+
+
+class RabbitMQPublisher:
+    """Publishes outbox messages to RabbitMQ and waits for the broker's confirmation.
+
+    Args:
+        url: an AMQP URL (``amqp://guest:guest@localhost/``); the publisher opens and
+            owns the connection, and reopens it after a loss.
+        connection: an aio-pika connection to use instead (not closed by ``close``).
+        exchange: the exchange to publish to; ``""`` (the default exchange) routes by
+            ``message.topic`` as the queue name. A named exchange must exist.
+        timeout: seconds to wait for the confirmation.
+        persistent: publish with delivery mode 2 (survives a broker restart).
+
+    Safe to call ``publish`` concurrently: confirms are pipelined on one channel.
+
+    .. versionadded:: 0.1
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        connection: AbstractConnection | None = None,
+        exchange: str = "",
+        timeout: float = 10.0,
+        persistent: bool = True,
+    ) -> None:
+        if (url is None) == (connection is None):
+            raise ConfigurationError("pass exactly one of url= or connection=")
+        self.url = url
+        self.exchange_name = exchange
+        self.timeout = timeout
+        self.persistent = persistent
+        self._connection = connection
+        self._owns_connection = connection is None
+        self._channel: AbstractChannel | None = None
+        self._exchange: AbstractExchange | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    async def _ready(self) -> AbstractExchange:
+        async with self._lock:
+            if self._closed:
+                raise PublishError("the publisher is closed")
+            if (
+                self._channel is not None
+                and self._exchange is not None
+                and not self._channel.is_closed
+            ):
+                return self._exchange
+            where = f"exchange {self.exchange_name!r}"
+            with _translate(None, where):
+                conn = self._connection
+                if conn is None or conn.is_closed:
+                    if not self._owns_connection:
+                        raise PublishError("the connection passed to the publisher is closed")
+                    assert self.url is not None
+                    conn = self._connection = await aio_pika.connect(self.url)
+                channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
+                exchange: AbstractExchange = (
+                    await channel.get_exchange(self.exchange_name, ensure=True)
+                    if self.exchange_name
+                    else channel.default_exchange
+                )
+            self._channel, self._exchange = channel, exchange
+            return exchange
+
+    async def publish(self, message: OutboxMessage) -> None:
+        """Publish ``message`` with ``message.id`` as its AMQP ``message_id``.
+
+        Returns once the broker confirmed it.
+
+        Raises:
+            PublishError: refused (nack), unroutable (no queue bound), the exchange is
+                missing, no confirmation within ``timeout``, or the connection failed.
+        """
+        headers: dict[str, Any] = dict(message.headers)
+        if message.key:
+            headers[HEADER_KEY] = message.key
+        amqp = aio_pika.Message(
+            message.body,
+            message_id=message.id,
+            headers=headers,
+            content_type=JSON,
+            delivery_mode=(
+                aio_pika.DeliveryMode.PERSISTENT
+                if self.persistent
+                else aio_pika.DeliveryMode.NOT_PERSISTENT
+            ),
+        )
+        exchange = await self._ready()
+        await _publish_confirmed(exchange, amqp, message.topic, self.timeout)
+
+    async def close(self) -> None:
+        """Close the channel, and the connection when the publisher opened it."""
+        async with self._lock:
+            self._closed = True
+            channel, self._channel, self._exchange = self._channel, None, None
+            with contextlib.suppress(Exception):
+                if channel is not None and not channel.is_closed:
+                    await channel.close()
+            if self._owns_connection and self._connection is not None:
+                with contextlib.suppress(Exception):
+                    await self._connection.close()
+                self._connection = None
+
+    async def __aenter__(self) -> RabbitMQPublisher:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+class RabbitMQConsumer:
+    """Consumes a RabbitMQ queue through an :class:`~onceonly.AsyncInbox`.
+
+    Args:
+        inbox: the inbox that deduplicates and records each message.
+        handler: ``async handler(payload, tx)``; ``tx.delivery`` describes the delivery.
+        queue: the queue to consume.
+        url: an AMQP URL; the consumer opens a robust connection (it reconnects and
+            resumes consuming after a broker restart) and closes it on stop.
+        connection: an aio-pika connection to use instead (left open on stop).
+        declare: declare the queue (durable, ``queue_type``, dead-lettering to
+            ``dead_letter``) and the dead-letter queue. With ``False`` both must exist.
+        queue_type: ``"quorum"`` (the default; gives delivery counts) or ``"classic"``;
+            with ``declare=False``, the type the existing queue has.
+        queue_arguments: extra arguments for the queue declaration.
+        message_id: a :class:`MessageIds`, or its fallback when a message carries no
+            ``message_id``: ``None``, ``"content"``, a payload field name or a callable.
+        dead_letter: the dead-letter queue (default ``"<queue>.dead"``).
+        dead_letter_exchange: publish dead letters to this exchange, with
+            ``dead_letter`` as routing key (default: the default exchange).
+        concurrency: handlers running at once.
+        prefetch: unacked messages the broker sends ahead (default: ``concurrency``).
+        retry_delay: seconds to wait before requeueing a message whose handler failed.
+        publish_timeout: seconds to wait for the dead-letter publish's confirmation.
+        shutdown_timeout: seconds ``stop()`` waits for running handlers.
+
+    .. versionadded:: 0.1
+    """
+
+    def __init__(
+        self,
+        inbox: AsyncInbox,
+        handler: Handler,
+        *,
+        queue: str,
+        url: str | None = None,
+        connection: AbstractConnection | None = None,
+        declare: bool = True,
+        queue_type: str = "quorum",
+        queue_arguments: dict[str, Any] | None = None,
+        message_id: MessageIds | str | Callable[[Any], str] | None = None,
+        dead_letter: str | None = None,
+        dead_letter_exchange: str = "",
+        concurrency: int = 16,
+        prefetch: int | None = None,
+        retry_delay: float = 0.0,
+        publish_timeout: float = 10.0,
+        shutdown_timeout: float = 30.0,
+    ) -> None:
+        if (url is None) == (connection is None):
+            raise ConfigurationError("pass exactly one of url= or connection=")
+        if not queue:
+            raise ConfigurationError("queue must be a non-empty queue name")
+        if queue_type not in ("quorum", "classic"):
+            raise ConfigurationError("queue_type must be 'quorum' or 'classic'")
+        self.inbox = inbox
+        self.handler = handler
+        self.queue = queue
+        self.url = url
+        self.declare = declare
+        self.queue_type = queue_type
+        self.queue_arguments = dict(queue_arguments or {})
+        self.ids = message_id if isinstance(message_id, MessageIds) else MessageIds(message_id)
+        self.dead_letter = dead_letter or f"{queue}.dead"
+        self.dead_letter_exchange = dead_letter_exchange
+        self.concurrency = concurrency
+        self.prefetch = prefetch or concurrency
+        self.retry_delay = retry_delay
+        self.publish_timeout = publish_timeout
+        self.shutdown_timeout = shutdown_timeout
+        self._tracker = InFlightTracker(concurrency)
+        self._connection = connection
+        self._owns_connection = connection is None
+        self._channel: AbstractChannel | None = None
+        self._dl_channel: AbstractChannel | None = None
+        self._dl_exchange: AbstractExchange | None = None
+        self._queue: AbstractQueue | None = None
+        self._consumer_tag: ConsumerTag | None = None
+        self._stop: asyncio.Event | None = None
+        self._done: asyncio.Event | None = None
+        self._started = asyncio.Event()
+        self._accepting = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        """Consume until :meth:`stop` is called or the task is cancelled.
+
+        A cancellation does not wait: running handlers are cancelled, their
+        transactions roll back and the broker redelivers their messages.
+
+        Raises:
+            aio_pika.exceptions.AMQPError: the broker could not be reached, or a
+                connection the consumer does not own was lost.
+        """
+        if self._done is not None:
+            raise RuntimeError("this consumer is already running")
+        self._done = asyncio.Event()
+        self._stop = asyncio.Event()
+        graceful = False
+        try:
+            await self._start()
+            self._started.set()
+            assert self._channel is not None
+            stop_wait = asyncio.ensure_future(self._stop.wait())
+            closed = asyncio.ensure_future(self._channel.closed())
+            try:
+                await asyncio.wait({stop_wait, closed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop_wait.cancel()
+                closed.cancel()
+            if not self._stop.is_set():
+                raise aiormq.exceptions.ChannelInvalidStateError(
+                    f"the channel consuming {self.queue!r} closed"
+                )
+            graceful = True
+        finally:
+            try:
+                await self._shutdown(self.shutdown_timeout if graceful else 0.0)
+            finally:
+                done, self._done, self._stop = self._done, None, None
+                self._started = asyncio.Event()
+                done.set()
+
+    async def stop(self) -> None:
+        """Stop taking messages, let running handlers finish and settle, then close.
+
+        Returns once the shutdown is over (at most about ``shutdown_timeout``).
+        """
+        done, stop = self._done, self._stop
+        if done is None or stop is None:
+            return
+        stop.set()
+        await done.wait()
+
+    async def __aenter__(self) -> RabbitMQConsumer:
+        self._task = task = asyncio.ensure_future(self.run())
+        started = asyncio.ensure_future(self._started.wait())
+        await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            started.cancel()
+            task.result()  # raises the startup error
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        task, self._task = self._task, None
+        await self.stop()
+        if task is not None:
+            await task  # re-raises a lost connection
+
+    async def _start(self) -> None:
+        if self._connection is None or self._connection.is_closed:
+            assert self.url is not None
+            self._connection = await aio_pika.connect_robust(self.url)
+        conn = self._connection
+        self._channel = await conn.channel(publisher_confirms=False)
+        await self._channel.set_qos(prefetch_count=self.prefetch)
+        self._dl_channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
+        if self.declare:
+            typed: dict[str, Any] = {"x-queue-type": self.queue_type}
+            await self._dl_channel.declare_queue(self.dead_letter, durable=True, arguments=typed)
+            arguments: dict[str, Any] = {
+                **typed,
+                "x-dead-letter-exchange": self.dead_letter_exchange,
+                "x-dead-letter-routing-key": self.dead_letter,
+                **self.queue_arguments,
+            }
+            self._queue = await self._channel.declare_queue(
+                self.queue, durable=True, arguments=arguments
+            )
+        else:
+            self._queue = await self._channel.get_queue(self.queue, ensure=True)
+        self._dl_exchange = (
+            await self._dl_channel.get_exchange(self.dead_letter_exchange, ensure=True)
+            if self.dead_letter_exchange
+            else self._dl_channel.default_exchange
+        )
+        self._accepting = True
+        self._consumer_tag = await self._queue.consume(self._on_message, no_ack=False)
+        log.info("consuming %s (dead letters to %s)", self.queue, self.dead_letter)
+
+    async def _shutdown(self, timeout: float) -> None:
+        self._accepting = False
+        if self._queue is not None and self._consumer_tag is not None:
+            with contextlib.suppress(Exception):
+                await self._queue.cancel(self._consumer_tag)
+        self._consumer_tag = None
+        await self._tracker.drain(timeout)
+        for channel in (self._channel, self._dl_channel):
+            if channel is not None and not channel.is_closed:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+        self._channel = self._dl_channel = None
+        self._queue = self._dl_exchange = None
+        if self._owns_connection and self._connection is not None:
+            with contextlib.suppress(Exception):
+                await self._connection.close()
+            self._connection = None
+        log.info("stopped consuming %s", self.queue)
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        if not self._accepting:
+            return  # stopping: left unacked, the broker requeues it when the channel closes
+        self._tracker.spawn(self._handle(message))
+
+    async def _handle(self, message: AbstractIncomingMessage) -> None:
+        async with self._tracker.semaphore:
+            broker_id = message.message_id or None
+            payload = decode_body(message.body)
+            headers = dict(message.headers)
+            count = headers.get("x-delivery-count")
+            resolved: list[str] = []
+
+            def delivery(message_id: str) -> Delivery:
+                resolved.append(message_id)
+                return Delivery(
+                    message_id=message_id,
+                    source=self.queue,
+                    delivery_count=self._delivery_count(count),
+                    redelivered=bool(message.redelivered),
+                    headers=headers,
+                    raw=message,
+                )
+
+            result = await settle(self.inbox, self.handler, self.ids, broker_id, payload, delivery)
+            await self._settle(message, resolved[0] if resolved else None, result)
+
+    def _delivery_count(self, header: Any) -> int | None:
+        """Quorum queues count earlier deliveries in ``x-delivery-count`` (absent on the
+        first); classic queues count nothing."""
+        if isinstance(header, int) and not isinstance(header, bool):
+            return header + 1
+        return 1 if self.queue_type == "quorum" else None
+
+    async def _settle(
+        self, message: AbstractIncomingMessage, message_id: str | None, result: Settlement
+    ) -> None:
+        mid = message_id or message.message_id or "<no id>"
+        try:
+            if result.verdict is Verdict.ACK:
+                await message.ack()
+                log.debug(
+                    "%s: acked (replayed=%s)", mid, result.outcome and result.outcome.replayed
+                )
+                return
+            if result.verdict is Verdict.RETRY:
+                if result.reason in ("in-flight", "store-error"):
+                    delay = min(result.retry_after or RETRY_DELAY_CAP, RETRY_DELAY_CAP)
+                else:
+                    delay = self.retry_delay
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await message.nack(requeue=True)
+                log.info("%s: requeued (%s)", mid, result.reason)
+                return
+            try:
+                await self._dead_letter(message, message_id, result)
+            except PublishError as exc:
+                log.error("%s: dead-letter publish failed, leaving it for redelivery: %s", mid, exc)
+                await asyncio.sleep(RETRY_DELAY_CAP)
+                await message.nack(requeue=True)
+                return
+            await message.ack()
+            log.warning("%s: dead-lettered to %s (%s)", mid, self.dead_letter, result.reason)
+        except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
+            # The channel is gone: the broker redelivers, and the inbox replays or retries.
+            log.warning(
+                "%s: could not settle (%s); it will be redelivered: %r",
+                mid,
+                result.verdict.value,
+                exc,
+            )
+
+    async def _dead_letter(
+        self, message: AbstractIncomingMessage, message_id: str | None, result: Settlement
+    ) -> None:
+        """Publish the original body and properties plus the onceonly-* headers, confirmed.
+
+        A message that carried no id keeps none of its own; aiormq then gives the copy a
+        random AMQP ``message_id`` (it matches broker returns by it).
+        """
+        exchange = self._dl_exchange
+        if exchange is None:
+            raise PublishError("the consumer is not running", key=message.message_id)
+        headers: dict[str, Any] = dict(message.headers)
+        headers[HEADER_REASON] = result.reason or "dead"
+        headers[HEADER_ERROR] = (result.error or "")[:MAX_ERROR_CHARS]
+        headers[HEADER_ATTEMPTS] = str(result.attempts or 0)
+        if message_id:
+            headers[HEADER_MESSAGE_ID] = message_id
+        dead = aio_pika.Message(
+            message.body,
+            headers=headers,
+            content_type=message.content_type or JSON,
+            content_encoding=message.content_encoding,
+            message_id=message.message_id or message_id,
+            correlation_id=message.correlation_id,
+            timestamp=message.timestamp,
+            type=message.type,
+            app_id=message.app_id,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        await _publish_confirmed(exchange, dead, self.dead_letter, self.publish_timeout)
