@@ -1,0 +1,465 @@
+# SPDX-License-Identifier: MIT
+"""NATS JetStream publisher and consumer against a real server (one stream per test)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerInfo, StreamConfig
+
+import onceonly
+from onceonly._core.keys import content_key
+from onceonly.brokers.nats import NatsConsumer, NatsPublisher
+from onceonly.errors import ConfigurationError, PublishError
+from onceonly.inbox_async import AsyncTx
+from onceonly.messaging import OutboxMessage
+from tests.conftest import unavailable
+
+pytestmark = pytest.mark.timeout(30)
+
+NATS_URL = os.environ.get("ONCEONLY_TEST_NATS", "nats://127.0.0.1:4222")
+DURABLE = "worker"
+
+
+@pytest.fixture
+async def nc() -> AsyncIterator[Client]:
+    client = Client()
+    try:
+        await asyncio.wait_for(
+            client.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=1), 5
+        )
+        await client.jetstream().account_info()
+    except (OSError, asyncio.TimeoutError, nats.errors.Error):
+        with contextlib.suppress(Exception):
+            await client.close()
+        unavailable(f"NATS JetStream at {NATS_URL}")
+    yield client
+    await client.close()
+
+
+@dataclass
+class Env:
+    """This test's stream (``OO_<tag>``) and subject (``oo.<tag>.events``)."""
+
+    js: JetStreamContext
+    tag: str
+    stream: str
+    subject: str
+
+    @property
+    def dead_stream(self) -> str:
+        return f"{self.stream}_dead"
+
+    @property
+    def dead_subject(self) -> str:
+        return f"{self.subject}.dead"
+
+    async def send(self, payload: Any, msg_id: str | None = None) -> None:
+        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        await self.js.publish(self.subject, json.dumps(payload).encode(), headers=headers)
+
+    async def info(self) -> ConsumerInfo:
+        return await self.js.consumer_info(self.stream, DURABLE)
+
+    async def dead_letters(self) -> list[Msg]:
+        try:
+            info = await self.js.stream_info(self.dead_stream)
+        except nats.js.errors.NotFoundError:
+            return []
+        return [
+            await self.js.get_msg(self.dead_stream, seq)
+            for seq in range(info.state.first_seq, info.state.last_seq + 1)
+            if info.state.messages
+        ]
+
+
+@pytest.fixture
+async def env(nc: Client) -> AsyncIterator[Env]:
+    tag = uuid.uuid4().hex[:12]
+    js = nc.jetstream()
+    e = Env(js, tag, f"OO_{tag}", f"oo.{tag}.events")
+    await js.add_stream(name=e.stream, subjects=[e.subject])
+    yield e
+    for name in (e.stream, e.dead_stream):
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await js.delete_stream(name)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Any]:
+    s = onceonly.open_async_store(f"sqlite:///{tmp_path}/x.db")
+    await s.migrate()
+    async with s.transaction() as tx:
+        await tx.execute("CREATE TABLE ledger (id TEXT NOT NULL)")
+    yield s
+    await s.close()
+
+
+def committed_ledger(tmp_path: Path) -> list[str]:
+    """The ledger as another connection sees it: only committed rows."""
+    with contextlib.closing(sqlite3.connect(tmp_path / "x.db")) as conn:
+        return [row[0] for row in conn.execute("SELECT id FROM ledger ORDER BY id")]
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 8.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+async def settled(env: Env, deliveries: int | None = None) -> bool:
+    """Nothing pending or unacked on the durable (after ``deliveries`` deliveries)."""
+    info = await env.info()
+    done = info.num_pending == 0 and info.num_ack_pending == 0
+    if deliveries is not None:
+        done = done and info.delivered.consumer_seq == deliveries
+    return done
+
+
+def consumer(env: Env, store: Any, handler: Any, **options: Any) -> NatsConsumer:
+    """A consumer of this test's stream; short polls so that stop() returns quickly."""
+    inbox = onceonly.AsyncInbox(
+        store, consumer="billing", max_attempts=options.pop("max_attempts", 5)
+    )
+    options.setdefault("poll_timeout", 0.25)
+    return NatsConsumer(
+        inbox,
+        handler,
+        url=NATS_URL,
+        stream=env.stream,
+        subject=env.subject,
+        durable=DURABLE,
+        **options,
+    )
+
+
+def message(env: Env, payload: Any, **kw: Any) -> OutboxMessage:
+    return OutboxMessage(id=str(uuid.uuid4()), topic="events", payload=json.dumps(payload), **kw)
+
+
+# -- publisher -----------------------------------------------------------------------
+
+
+async def test_publish_confirms_with_message_id_as_nats_msg_id(env: Env) -> None:
+    """publish waits for the PubAck; the outbox id is the Nats-Msg-Id JetStream dedups on."""
+    msg = message(env, {"amount": 5}, key="acct-1", headers={"trace": "t-1"})
+    async with NatsPublisher(NATS_URL, subject_prefix=f"oo.{env.tag}.") as pub:
+        await pub.publish(msg)
+        stored = await env.js.get_msg(env.stream, 1)  # confirmed: already in the stream
+        assert stored.headers is not None
+        assert stored.headers["Nats-Msg-Id"] == msg.id
+        assert stored.headers["onceonly-key"] == "acct-1"
+        assert stored.headers["trace"] == "t-1"
+        assert stored.headers["Content-Type"] == "application/json"
+        assert json.loads(stored.data) == {"amount": 5}
+        await pub.publish(msg)  # the relay re-publishing the same row
+    info = await env.js.stream_info(env.stream)
+    assert info.state.messages == 1
+
+
+async def test_publish_to_subject_without_stream_raises(env: Env) -> None:
+    """No stream captures the subject: PublishError, caused by NoStreamResponseError."""
+    async with NatsPublisher(NATS_URL, subject_prefix=f"oo.{env.tag}.nostream.") as pub:
+        with pytest.raises(PublishError) as err:
+            await pub.publish(message(env, {"a": 1}))
+    assert isinstance(err.value.__cause__, nats.js.errors.NoStreamResponseError)
+
+
+async def test_publish_refused_by_expected_stream_raises(env: Env) -> None:
+    """A stream other than the expected one refuses the message: PublishError."""
+    async with NatsPublisher(
+        NATS_URL, subject_prefix=f"oo.{env.tag}.", stream=f"{env.stream}_other"
+    ) as pub:
+        with pytest.raises(PublishError):
+            await pub.publish(message(env, {"a": 1}))
+    assert (await env.js.stream_info(env.stream)).state.messages == 0
+
+
+async def test_publish_without_server_raises() -> None:
+    """An unreachable server: PublishError within the timeout, not a hang."""
+    pub = NatsPublisher("nats://127.0.0.1:1", timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(PublishError):
+        await pub.publish(OutboxMessage(id="m-1", topic="t", payload="{}"))
+    assert time.monotonic() - started < 5
+    await pub.close()
+
+
+async def test_publisher_reconnects_after_connection_loss(env: Env) -> None:
+    """After its connection closed, the next publish opens a new one."""
+    async with NatsPublisher(NATS_URL, subject_prefix=f"oo.{env.tag}.") as pub:
+        await pub.publish(message(env, {"n": 1}))
+        first = pub._connection
+        assert first is not None
+        await first.close()
+        await pub.publish(message(env, {"n": 2}))
+        assert pub._connection is not first
+    assert (await env.js.stream_info(env.stream)).state.messages == 2
+
+
+async def test_publisher_on_a_given_connection(env: Env, nc: Client) -> None:
+    """A caller's connection is used, and left open by close()."""
+    pub = NatsPublisher(connection=nc, subject_prefix=f"oo.{env.tag}.")
+    await pub.publish(message(env, {"n": 1}))
+    await pub.close()
+    assert nc.is_connected
+    assert (await env.js.stream_info(env.stream)).state.messages == 1
+
+
+# -- consumer ------------------------------------------------------------------------
+
+
+def test_dead_letter_subject_must_not_loop_back(store: Any) -> None:
+    """A dead-letter subject the consumer's own filter matches is refused up front."""
+    inbox = onceonly.AsyncInbox(store, consumer="billing")
+
+    async def handler(payload: Any, tx: AsyncTx) -> None: ...
+
+    with pytest.raises(ConfigurationError):
+        NatsConsumer(
+            inbox,
+            handler,
+            url=NATS_URL,
+            stream="S",
+            subject="orders.>",
+            durable="d",
+            dead_letter="orders.dead",
+        )
+
+
+async def test_processes_once_and_acks_only_after_commit(
+    env: Env, store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler's row is committed before the ack; the message is unacked while it runs."""
+    unacked_during: list[int] = []
+    committed_at_ack: list[list[str]] = []
+    real_ack = Msg.ack
+
+    async def ack(self: Msg) -> None:
+        committed_at_ack.append(committed_ledger(tmp_path))
+        await real_ack(self)
+
+    monkeypatch.setattr(Msg, "ack", ack)
+
+    async def handler(payload: Any, tx: AsyncTx) -> str:
+        unacked_during.append((await env.info()).num_ack_pending)
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (payload["id"],))
+        return "ok"
+
+    await env.send({"id": "pay-1"}, msg_id="m-1")
+    async with consumer(env, store, handler):
+        await eventually(lambda: settled(env, deliveries=1))
+    assert unacked_during == [1]
+    assert committed_at_ack == [["pay-1"]]
+    assert committed_ledger(tmp_path) == ["pay-1"]
+
+
+async def test_duplicate_message_is_acked_without_running_the_handler(
+    env: Env, store: Any, tmp_path: Path
+) -> None:
+    """A second broker message with the same id is acked, the handler not run again."""
+    await env.js.update_stream(
+        StreamConfig(name=env.stream, subjects=[env.subject], duplicate_window=0.1)
+    )
+    calls: list[str] = []
+
+    async def handler(payload: Any, tx: AsyncTx) -> str:
+        calls.append(tx.key)
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (payload["id"],))
+        return "ok"
+
+    async with consumer(env, store, handler):
+        await env.send({"id": "pay-1"}, msg_id="m-1")
+        await eventually(lambda: settled(env, deliveries=1))
+        await asyncio.sleep(0.2)  # past JetStream's duplicate window: a second message
+        await env.send({"id": "pay-1"}, msg_id="m-1")
+        await eventually(lambda: settled(env, deliveries=2))
+    assert (await env.js.stream_info(env.stream)).state.messages == 2
+    assert calls == ["m-1"]
+    assert committed_ledger(tmp_path) == ["pay-1"]
+
+
+async def test_failed_handler_is_redelivered_with_growing_count(
+    env: Env, store: Any, tmp_path: Path
+) -> None:
+    """A handler failure naks; the redeliveries carry the broker's delivery count."""
+    seen: list[tuple[int | None, bool, int]] = []
+
+    async def handler(payload: Any, tx: AsyncTx) -> str:
+        assert tx.delivery is not None
+        seen.append((tx.delivery.delivery_count, tx.delivery.redelivered, tx.attempt))
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (payload["id"],))
+        if len(seen) < 3:
+            raise RuntimeError("flaky")
+        return "ok"
+
+    await env.send({"id": "pay-1"}, msg_id="m-1")
+    async with consumer(env, store, handler):
+        await eventually(lambda: settled(env, deliveries=3))
+    assert seen == [(1, False, 1), (2, True, 2), (3, True, 3)]
+    assert committed_ledger(tmp_path) == ["pay-1"]  # the failed runs rolled back
+
+
+async def test_poison_message_is_dead_lettered_then_acked(env: Env, store: Any) -> None:
+    """max_attempts failures: published to the dead-letter subject with headers, then acked."""
+    calls = 0
+
+    async def handler(payload: Any, tx: AsyncTx) -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError("bad amount")
+
+    body = {"id": "pay-1", "amount": -1}
+    await env.send(body, msg_id="m-1")
+    async with consumer(env, store, handler, max_attempts=2):
+        await eventually(lambda: settled(env, deliveries=3))
+        await asyncio.sleep(0.3)  # nothing comes back
+        assert await settled(env, deliveries=3)
+    assert calls == 2
+    dead = await env.dead_letters()
+    assert len(dead) == 1
+    assert json.loads(dead[0].data) == body
+    headers = dead[0].headers or {}
+    assert dead[0].subject == env.dead_subject
+    assert headers["onceonly-dead-reason"] == "dead-lettered"
+    assert "bad amount" in headers["onceonly-error"]
+    assert headers["onceonly-attempts"] == "2"
+    assert headers["onceonly-message-id"] == "m-1"
+
+
+async def test_message_without_id_is_dead_lettered_as_invalid_id(env: Env, store: Any) -> None:
+    """No Nats-Msg-Id and no fallback: dead-lettered with reason invalid-id, handler not run."""
+    calls = 0
+
+    async def handler(payload: Any, tx: AsyncTx) -> None:
+        nonlocal calls
+        calls += 1
+
+    await env.send({"id": "pay-1"})
+    async with consumer(env, store, handler):
+        await eventually(lambda: settled(env, deliveries=1))
+    assert calls == 0
+    dead = await env.dead_letters()
+    assert len(dead) == 1
+    assert (dead[0].headers or {})["onceonly-dead-reason"] == "invalid-id"
+    assert json.loads(dead[0].data) == {"id": "pay-1"}
+
+
+@pytest.mark.parametrize("fallback", ["content", "event_id"])
+async def test_message_id_fallback(env: Env, store: Any, fallback: str) -> None:
+    """Without Nats-Msg-Id, the content hash or a payload field is the key."""
+    body = {"event_id": "evt-7", "amount": 3}
+    keys: list[str] = []
+
+    async def handler(payload: Any, tx: AsyncTx) -> None:
+        keys.append(tx.key)
+
+    await env.send(body)
+    await env.send(body)  # the same event again: one run
+    async with consumer(env, store, handler, message_id=fallback):
+        await eventually(lambda: settled(env, deliveries=2))
+    assert keys == [content_key(body) if fallback == "content" else "evt-7"]
+    assert await env.dead_letters() == []
+
+
+async def test_dead_letter_publish_failure_leaves_message_for_redelivery(
+    env: Env, store: Any
+) -> None:
+    """While the dead-letter stream is missing the message is nak'ed, not dropped."""
+
+    async def handler(payload: Any, tx: AsyncTx) -> None: ...
+
+    async with consumer(env, store, handler):
+        await env.js.delete_stream(env.dead_stream)  # created at start; now gone
+        await env.send({"id": "pay-1"})  # no id: must be dead-lettered
+        await eventually(lambda: _delivered_at_least(env, 3))
+        assert (await env.info()).num_ack_pending == 1
+        await env.js.add_stream(name=env.dead_stream, subjects=[env.dead_subject])
+        await eventually(lambda: settled(env))
+    assert len(await env.dead_letters()) == 1
+
+
+async def _delivered_at_least(env: Env, n: int) -> bool:
+    return (await env.info()).delivered.consumer_seq >= n
+
+
+@pytest.mark.timeout(20)
+async def test_long_handler_is_not_redelivered_thanks_to_heartbeat(env: Env, store: Any) -> None:
+    """ack_wait=1 s and a 3 s handler: in-progress signals keep it from redelivery."""
+
+    async def handler(payload: Any, tx: AsyncTx) -> str:
+        await asyncio.sleep(3)
+        return "slow"
+
+    await env.send({"id": "pay-1"}, msg_id="m-1")
+    async with consumer(env, store, handler, ack_wait=1.0):
+        assert (await env.info()).config.ack_wait == 1.0
+        await eventually(lambda: settled(env, deliveries=1), timeout=10)
+    assert (await env.info()).delivered.consumer_seq == 1  # delivered once
+
+
+async def test_stop_finishes_in_flight_handler_and_acks(
+    env: Env, store: Any, tmp_path: Path
+) -> None:
+    """stop() waits for the running handler, commits and acks it, then returns."""
+    started = asyncio.Event()
+    finished: list[str] = []
+
+    async def handler(payload: Any, tx: AsyncTx) -> str:
+        started.set()
+        await asyncio.sleep(1.0)
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (payload["id"],))
+        finished.append(payload["id"])
+        return "ok"
+
+    c = consumer(env, store, handler)
+    task = asyncio.ensure_future(c.run())
+    await env.send({"id": "pay-1"}, msg_id="m-1")
+    await asyncio.wait_for(started.wait(), 5)
+    await c.stop()
+    assert finished == ["pay-1"]
+    await task
+    assert committed_ledger(tmp_path) == ["pay-1"]
+    await eventually(lambda: settled(env, deliveries=1))
+
+
+async def test_cancelled_run_hands_messages_back(env: Env, store: Any, tmp_path: Path) -> None:
+    """Cancelling run() rolls the handler back and naks, so the next consumer gets it soon."""
+    started = asyncio.Event()
+
+    async def slow(payload: Any, tx: AsyncTx) -> None:
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", ("slow",))
+        started.set()
+        await asyncio.sleep(30)
+
+    async def fast(payload: Any, tx: AsyncTx) -> None:
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", ("fast",))
+
+    await env.send({"id": "pay-1"}, msg_id="m-1")
+    task = asyncio.ensure_future(consumer(env, store, slow).run())
+    await asyncio.wait_for(started.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with consumer(env, store, fast):  # ack_wait is 30 s: only a nak makes this quick
+        await eventually(lambda: settled(env, deliveries=2), timeout=5)
+    assert committed_ledger(tmp_path) == ["fast"]
