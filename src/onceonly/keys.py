@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import threading
 import time
 import uuid
 
@@ -34,16 +35,44 @@ def time_window_key(
     return _keys.time_window_key(base, width, ts)
 
 
+class _Uuid7Clock:
+    """Milliseconds plus a 12-bit counter, so ids made in one process sort in order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ms = 0
+        self._counter = 0
+
+    def next(self) -> tuple[int, int]:
+        with self._lock:
+            ms = time.time_ns() // 1_000_000
+            if ms > self._ms:
+                self._ms = ms
+                self._counter = int.from_bytes(os.urandom(2), "big") & 0x7FF  # room to count
+            else:  # same millisecond (or the clock stepped back): count on
+                self._counter += 1
+                if self._counter > 0xFFF:
+                    self._ms += 1
+                    self._counter = 0
+            return self._ms, self._counter
+
+
+_uuid7_clock = _Uuid7Clock()
+
+
 def uuid7() -> str:
-    """A new RFC 9562 UUIDv7 (time-ordered) as text: a good message id.
+    """A new RFC 9562 UUIDv7 as text: a good message id.
+
+    Ids from one process are strictly increasing (a counter in ``rand_a`` orders ids of
+    the same millisecond); ids from different processes are ordered by millisecond.
 
     .. versionadded:: 0.1
     """
-    ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
+    ms, counter = _uuid7_clock.next()
+    rand = int.from_bytes(os.urandom(8), "big")
     value = (ms & 0xFFFFFFFFFFFF) << 80
     value |= 0x7 << 76  # version
-    value |= ((rand >> 62) & 0xFFF) << 64  # rand_a: 12 bits
+    value |= counter << 64  # rand_a: 12 bits, the counter
     value |= 0b10 << 62  # variant
     value |= rand & 0x3FFFFFFFFFFFFFFF  # rand_b: 62 bits
     return str(uuid.UUID(int=value))

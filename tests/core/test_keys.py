@@ -250,3 +250,10 @@ def test_uuid7_is_unique() -> None:
     key = next(iter(made))
     assert onceonly.validate_key(key) == key
     assert len(key) == 36
+
+
+def test_uuid7_is_strictly_increasing_within_a_process() -> None:
+    """Ids made in a burst (many per millisecond) sort in the order they were made."""
+    ids = [onceonly.uuid7() for _ in range(5000)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
