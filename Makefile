@@ -39,6 +39,10 @@ test: $(STAMP_ALL) services lint typecheck
 bench: $(STAMP_ALL) services
 	$(BIN)/python bench/inbox_pg.py
 	$(BIN)/python bench/leased_roundtrips.py
+	$(BIN)/python bench/consumer_rabbitmq.py
+	$(BIN)/python bench/consumer_nats.py
+	$(BIN)/python bench/consumer_redis_streams.py
+	$(BIN)/python bench/relay_pipeline.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
