@@ -211,3 +211,61 @@ def test_graceful_stop_finishes_the_batch(sql_store: Any) -> None:
     counts = outbox.counts()
     assert len(pub.messages) in (10, 20)  # whole batches only
     assert counts["pending"] == 20 - len(pub.messages)
+
+
+def test_postgres_relay_wakes_on_notify(pg_store_factory: Any) -> None:
+    """On PostgreSQL an idle relay is woken by the insert's NOTIFY, long before its poll."""
+    store = pg_store_factory()
+    store.migrate()
+    pub = ListPublisher()
+    relay = onceonly.Relay(store, pub, poll_interval=30.0)
+    t = threading.Thread(target=relay.run)
+    t.start()
+    try:
+        time.sleep(0.5)  # the relay polled once, found nothing, and now LISTENs
+        with store.transaction() as session:
+            mid = onceonly.Outbox(store).publish(session.connection, "t", {"a": 1})
+        t0 = time.monotonic()
+        while not pub.messages and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        waited = time.monotonic() - t0
+    finally:
+        relay.stop()
+        t.join(10)
+    assert [m.id for m in pub.messages] == [mid]
+    assert waited < 3.0  # the poll would have taken 30 s
+
+
+async def test_async_relay_on_postgres(tmp_path: Any) -> None:
+    """AsyncRelay publishes rows written through AsyncInbox's tx.publish, and stops."""
+    import asyncio
+
+    from onceonly.testing import AsyncListPublisher
+    from tests.conftest import drop_pg_table, require_postgres, unique_table
+
+    url = require_postgres()
+    table = unique_table()
+    store = onceonly.open_async_store(url, table=table, outbox_table=f"{table}_outbox")
+    try:
+        await store.migrate()
+        inbox = onceonly.AsyncInbox(store, consumer="c")
+
+        async def handler(payload: Any, tx: onceonly.AsyncTx) -> str:
+            return await tx.publish("topic", payload)
+
+        ids = [(await inbox.process(f"k{i}", {"i": i}, handler)).result for i in range(5)]
+        pub = AsyncListPublisher()
+        relay = onceonly.AsyncRelay(store, pub, poll_interval=0.05)
+        task = asyncio.ensure_future(relay.run())
+        for _ in range(200):
+            if len(pub.messages) == 5:
+                break
+            await asyncio.sleep(0.02)
+        relay.stop()
+        stats = await asyncio.wait_for(task, 10)
+        assert sorted(m.id for m in pub.messages) == sorted(ids)
+        assert stats.published == 5
+    finally:
+        await store.close()
+        drop_pg_table(table)
+        drop_pg_table(f"{table}_outbox")
