@@ -41,11 +41,10 @@ from onceonly.errors import (
     InFlight,
     OnceOnlyError,
     PayloadMismatch,
-    ReplayedError,
 )
 from onceonly.messaging import Delivery
 from onceonly.outbox import Outbox
-from onceonly.outcome import Outcome, new_token, seconds
+from onceonly.outcome import Outcome, new_token, replayed_result, seconds
 from onceonly.types import Params, Session, Store
 
 __all__ = ["Inbox", "Tx"]
@@ -196,16 +195,7 @@ class Inbox:
         )
 
     def _replay(self, record: Record) -> Outcome[Any]:
-        if record.error is not None and record.result is not None:
-            exc = codec.decode_error(record.result, self.cache_errors)
-            raise (
-                exc
-                if exc is not None
-                else ReplayedError(
-                    f"cached error replayed: {record.error}", key=record.key, scope=record.scope
-                )
-            )
-        result = codec.decode(record.result, self.result_type) if record.result else None
+        result = replayed_result(record, self.cache_errors, self.result_type)
         return Outcome(result, True, record.key, record.attempts + 1)
 
     def process(

@@ -42,9 +42,8 @@ from onceonly.errors import (
     LeaseLost,
     OnceOnlyError,
     PayloadMismatch,
-    ReplayedError,
 )
-from onceonly.outcome import new_token
+from onceonly.outcome import new_token, replayed_result
 from onceonly.types import Store
 
 __all__ = ["Claim", "LeasedRunner", "current_claim"]
@@ -203,16 +202,7 @@ class LeasedRunner:
 
     def replay(self, record: Record) -> Any:
         """The stored result of ``record``, or raise its cached error."""
-        if record.error is not None and record.result is not None:
-            exc = codec.decode_error(record.result, self.cache_errors)
-            raise (
-                exc
-                if exc is not None
-                else ReplayedError(
-                    f"cached error replayed: {record.error}", key=record.key, scope=record.scope
-                )
-            )
-        return codec.decode(record.result, self.result_type) if record.result else None
+        return replayed_result(record, self.cache_errors, self.result_type)
 
     def run(
         self, key: str, fp: str | None, fn: Callable[[], Any], payload: Any = None

@@ -41,9 +41,8 @@ from onceonly.errors import (
     LeaseLost,
     OnceOnlyError,
     PayloadMismatch,
-    ReplayedError,
 )
-from onceonly.outcome import new_token
+from onceonly.outcome import new_token, replayed_result
 from onceonly.types import AsyncStore
 
 __all__ = ["AsyncClaim", "AsyncLeasedRunner", "current_async_claim"]
@@ -202,16 +201,7 @@ class AsyncLeasedRunner:
 
     def replay(self, record: Record) -> Any:
         """The stored result of ``record``, or raise its cached error."""
-        if record.error is not None and record.result is not None:
-            exc = codec.decode_error(record.result, self.cache_errors)
-            raise (
-                exc
-                if exc is not None
-                else ReplayedError(
-                    f"cached error replayed: {record.error}", key=record.key, scope=record.scope
-                )
-            )
-        return codec.decode(record.result, self.result_type) if record.result else None
+        return replayed_result(record, self.cache_errors, self.result_type)
 
     async def run(
         self, key: str, fp: str | None, fn: Callable[[], Awaitable[Any]], payload: Any = None

@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from onceonly.errors import ConfigurationError
+from onceonly._core import codec
+from onceonly._core.state import Record
+from onceonly.errors import ConfigurationError, ReplayedError
 
 __all__ = ["Outcome"]
 
@@ -50,3 +52,21 @@ def new_token() -> int:
     """A fresh fencing token: 63 random bits, so a token is never reused for a key,
     even after its record was purged and claimed again."""
     return secrets.randbits(63) or 1
+
+
+def replayed_result(
+    record: Record, cache_errors: tuple[type[BaseException], ...], result_type: Any
+) -> Any:
+    """The stored result of a completed ``record``; raises its cached error instead.
+
+    A cached error whose class is no longer in ``cache_errors`` is raised as
+    :class:`~onceonly.ReplayedError` carrying the original summary.
+    """
+    if record.error is not None and record.result is not None:
+        exc = codec.decode_error(record.result, cache_errors)
+        if exc is None:
+            raise ReplayedError(
+                f"cached error replayed: {record.error}", key=record.key, scope=record.scope
+            )
+        raise exc
+    return codec.decode(record.result, result_type) if record.result else None
