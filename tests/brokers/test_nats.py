@@ -463,3 +463,41 @@ async def test_cancelled_run_hands_messages_back(env: Env, store: Any, tmp_path:
     async with consumer(env, store, fast):  # ack_wait is 30 s: only a nak makes this quick
         await eventually(lambda: settled(env, deliveries=2), timeout=5)
     assert committed_ledger(tmp_path) == ["fast"]
+
+
+async def test_fetch_returning_more_than_asked_is_handled(env: Env, store: Any) -> None:
+    """A fetch that returns extra queued messages neither crashes nor exceeds the slots."""
+    for i in range(20):
+        await env.send({"i": i}, msg_id=f"m-{i}")
+    running, most = 0, 0
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.2)
+        running -= 1
+
+    c = consumer(env, store, handler, batch=2)
+    task = asyncio.ensure_future(c.run())
+    await eventually(lambda: _has_sub(c))
+    # nats-py's fetch(n) also hands over every reply already queued (pull requests
+    # answered together after a reconnect), so it can return more than n. Make every
+    # fetch do so, with real messages from the server.
+    sub = c._sub
+    assert sub is not None
+    real_fetch = sub.fetch
+
+    async def greedy_fetch(batch: int = 1, timeout: float | None = 5, **kw: Any) -> Any:
+        return await real_fetch(batch + 4 if batch > 0 else batch, timeout=timeout, **kw)
+
+    sub.fetch = greedy_fetch  # type: ignore[method-assign]
+    await eventually(lambda: settled(env), timeout=15)
+    assert not task.done(), task.exception() if task.done() else None
+    await c.stop()
+    await task
+    assert most <= 2
+
+
+async def _has_sub(c: NatsConsumer) -> bool:
+    return c._sub is not None

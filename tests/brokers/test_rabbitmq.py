@@ -537,3 +537,27 @@ def test_needs_exactly_one_of_url_and_connection(db: Db) -> None:
         RabbitMQConsumer(db.inbox(), handler, queue="q")
     with pytest.raises(onceonly.ConfigurationError):
         RabbitMQPublisher()
+
+
+async def test_publisher_recovers_after_a_network_loss(broker: Broker) -> None:
+    """After the network drops the connection (not close()), publishing resumes."""
+    from tests.e2e._proxy import TcpProxy
+
+    queue = broker.name()
+    await broker.declare(queue)
+    proxy = TcpProxy("127.0.0.1", int(AMQP_URL.rsplit(":", 1)[1].strip("/"))).start()
+    url = f"amqp://guest:guest@127.0.0.1:{proxy.port}/"
+    async with RabbitMQPublisher(url, timeout=3) as publisher:
+        await publisher.publish(OutboxMessage(onceonly.uuid7(), queue, "1"))
+        assert proxy.drop() >= 1
+        delivered = False
+        for _ in range(5):  # the first publish may see the dead channel; then it reconnects
+            try:
+                await publisher.publish(OutboxMessage(onceonly.uuid7(), queue, "2"))
+            except onceonly.PublishError:
+                await asyncio.sleep(0.2)
+                continue
+            delivered = True
+            break
+    assert delivered
+    assert [m.body for m in await broker.take(queue)] == [b"1", b"2"]

@@ -532,7 +532,7 @@ class NatsConsumer:
         assert sub is not None
         errors = 0
         while not stop.is_set():
-            if self._free == 0:
+            if self._free <= 0:
                 self._slot_freed.clear()
                 await self._wait_for(stop, self._slot_freed, self.poll_timeout)
                 continue
@@ -542,7 +542,7 @@ class NatsConsumer:
                 errors = 0
             except asyncio.TimeoutError:  # nats.errors.TimeoutError: nothing to fetch
                 continue
-            except (nats.errors.Error, OSError) as exc:
+            except (nats.errors.Error, OSError, ValueError) as exc:
                 conn = self._connection
                 if conn is None or conn.is_closed:
                     raise  # a connection we may not reopen (or gave up on): end run()
@@ -554,8 +554,11 @@ class NatsConsumer:
                 await self._wait_for(stop, asyncio.Event(), delay)
                 continue
             for msg in msgs:
-                if stop.is_set():
-                    await self._release(msg, "stopping")
+                # nats-py's fetch() also hands over what was already queued (pull requests
+                # answered together after a reconnect), so it may return more than asked:
+                # give back what exceeds the free handler slots.
+                if stop.is_set() or self._free <= 0:
+                    await self._release(msg, "stopping" if stop.is_set() else "no free slot")
                     continue
                 self._free -= 1
                 self._tracker.spawn(self._handle(msg))

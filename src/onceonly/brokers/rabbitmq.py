@@ -170,6 +170,14 @@ class RabbitMQPublisher:
             where = f"exchange {self.exchange_name!r}"
             with _translate(None, where):
                 conn = self._connection
+                if conn is not None and self._owns_connection and self._channel is not None:
+                    # Our channel died. aio-pika leaves ``is_closed`` false on a lost
+                    # connection (it is true only after close()), so do not trust the
+                    # old connection: drop it and open a fresh one.
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+                    conn = self._connection = None
+                    self._channel = self._exchange = None
                 if conn is None or conn.is_closed:
                     if not self._owns_connection:
                         raise PublishError("the connection passed to the publisher is closed")
