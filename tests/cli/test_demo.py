@@ -130,7 +130,6 @@ def test_bad_url_is_a_clear_usage_error(
 
 def test_unreachable_postgres_is_a_clear_error() -> None:
     """A PostgreSQL URL nobody listens on exits 2 with one line, not a traceback."""
-    pytest.importorskip("psycopg")
     proc = run_cli("--url", "postgresql://nobody@127.0.0.1:1/none", "--no-progress", timeout=30)
     assert proc.returncode == 2
     assert "onceonly demo: error: cannot connect to PostgreSQL" in proc.stderr
