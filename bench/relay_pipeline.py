@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import multiprocessing
 import os
 import platform
@@ -35,11 +34,16 @@ import secrets
 import shlex
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root, for tests/
+
 import onceonly
+from tests.e2e._common import CONSUMER, Names, cleanup_broker, prepare_broker
+from tests.e2e._common import make_publisher as publisher
 
 DEFAULT_PG = os.environ.get(
     "ONCEONLY_BENCH_PG",
@@ -53,38 +57,11 @@ DEFAULT_URLS = {
 CONCURRENCY = 16  # consumer handlers at once (and its PostgreSQL pool)
 
 
-class Names:
-    """The tables and the broker topic of one run (``<prefix>_*`` and ``<prefix>``)."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.records = f"{prefix}_records"
-        self.outbox = f"{prefix}_outbox"
-        self.events = f"{prefix}_events"
-        self.ledger = f"{prefix}_ledger"
-        self.topic = prefix
-        self.dead = f"{prefix}.dead"
-        self.stream = prefix.upper()
-
-
-# -- brokers ----------------------------------------------------------------------------
-
-
-def publisher(broker: str, url: str) -> Any:
-    if broker == "rabbitmq":
-        from onceonly.brokers.rabbitmq import RabbitMQPublisher
-
-        return RabbitMQPublisher(url)
-    if broker == "nats":
-        from onceonly.brokers.nats import NatsPublisher
-
-        return NatsPublisher(url)
-    from onceonly.brokers.redis_streams import RedisStreamsPublisher
-
-    return RedisStreamsPublisher(url)
+# -- brokers: the end-to-end tests' helpers (tests/e2e/_common.py) -----------------------
 
 
 def consumer(broker: str, url: str, names: Names, inbox: Any, handler: Any) -> Any:
+    """The broker's consumer with default tuning (the tests' one redelivers fast)."""
     if broker == "rabbitmq":
         from onceonly.brokers.rabbitmq import RabbitMQConsumer
 
@@ -95,9 +72,9 @@ def consumer(broker: str, url: str, names: Names, inbox: Any, handler: Any) -> A
         return NatsConsumer(
             inbox,
             handler,
-            stream=names.stream,
+            stream=names.nats_stream,
             subject=names.topic,
-            durable="bench",
+            durable=CONSUMER,
             url=url,
             batch=CONCURRENCY,
             poll_timeout=0.5,
@@ -108,83 +85,12 @@ def consumer(broker: str, url: str, names: Names, inbox: Any, handler: Any) -> A
         inbox,
         handler,
         stream=names.topic,
-        group="bench",
+        group=CONSUMER,  # the group prepare_broker() created
         url=url,
         count=CONCURRENCY,
         concurrency=CONCURRENCY,
         block_ms=500,
     )
-
-
-async def prepare_broker(broker: str, url: str, names: Names) -> None:
-    """Create the queue / stream / group the relay publishes to."""
-    if broker == "rabbitmq":
-        import aio_pika
-
-        conn = await aio_pika.connect(url)
-        try:
-            channel = await conn.channel()
-            quorum = {"x-queue-type": "quorum"}
-            await channel.declare_queue(names.dead, durable=True, arguments=quorum)
-            await channel.declare_queue(
-                names.topic,
-                durable=True,
-                arguments={
-                    **quorum,
-                    "x-dead-letter-exchange": "",
-                    "x-dead-letter-routing-key": names.dead,
-                },
-            )
-        finally:
-            await conn.close()
-    elif broker == "nats":
-        import nats
-
-        nc = await nats.connect(url)
-        try:
-            await nc.jetstream().add_stream(name=names.stream, subjects=[names.topic])
-        finally:
-            await nc.close()
-    else:
-        import redis.asyncio
-
-        client = redis.asyncio.Redis.from_url(url)
-        try:
-            await client.xgroup_create(names.topic, "bench", id="0", mkstream=True)
-        finally:
-            await client.aclose()
-
-
-async def cleanup_broker(broker: str, url: str, names: Names) -> None:
-    if broker == "rabbitmq":
-        import aio_pika
-
-        conn = await aio_pika.connect(url)
-        try:
-            channel = await conn.channel()
-            for queue in (names.topic, names.dead):
-                with contextlib.suppress(Exception):
-                    await channel.queue_delete(queue)
-        finally:
-            await conn.close()
-    elif broker == "nats":
-        import nats
-
-        nc = await nats.connect(url)
-        try:
-            for stream in (names.stream, f"{names.stream}_dead"):
-                with contextlib.suppress(Exception):
-                    await nc.jetstream().delete_stream(stream)
-        finally:
-            await nc.close()
-    else:
-        import redis.asyncio
-
-        client = redis.asyncio.Redis.from_url(url)
-        try:
-            await client.delete(names.topic, names.dead)
-        finally:
-            await client.aclose()
 
 
 # -- PostgreSQL -------------------------------------------------------------------------
