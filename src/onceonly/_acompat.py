@@ -90,9 +90,8 @@ class _Renewals:
 class Heartbeat:
     """Calls ``beat()`` every ``interval`` seconds (on a shared thread) until stopped.
 
-    ``beat`` returns False when the claim is gone; the heartbeat then stops and
-    ``lost`` becomes true. After :meth:`stop` returns, ``beat`` is not running and
-    will not run again.
+    ``beat`` returns False when the claim is gone; the heartbeat then stops. After
+    :meth:`stop` returns, ``beat`` is not running and will not run again.
     """
 
     def __init__(self, interval: float, beat: Callable[[], bool]) -> None:
@@ -100,7 +99,6 @@ class Heartbeat:
         self._beat = beat
         self._lock = threading.Lock()  # held while a beat runs
         self._stopped = False
-        self.lost = False
 
     def beat_once(self) -> bool:
         """Run one beat; whether to schedule the next."""
@@ -109,7 +107,6 @@ class Heartbeat:
                 return False
             try:
                 if not self._beat():
-                    self.lost = True
                     return False
             except Exception:  # a failed renewal is retried at the next beat
                 log.warning("lease renewal failed; retrying", exc_info=True)
@@ -129,7 +126,6 @@ class AsyncHeartbeat:
     def __init__(self, interval: float, beat: Callable[[], Awaitable[bool]]) -> None:
         self.interval = interval
         self._beat = beat
-        self.lost = False
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
@@ -137,7 +133,6 @@ class AsyncHeartbeat:
             await asyncio.sleep(self.interval)
             try:
                 if not await self._beat():
-                    self.lost = True
                     return
             except Exception:
                 log.warning("lease renewal failed; retrying", exc_info=True)

@@ -143,13 +143,6 @@ class OutboxSQL:
             " WHERE seq = ? AND lock_token = ?"
         )
 
-    def release(self) -> str:
-        """SQLite: give back a leased row unpublished (relay stopping): (seq, token)."""
-        return (
-            f"UPDATE {self.table} SET locked_until = NULL, lock_token = NULL"
-            " WHERE seq = ? AND lock_token = ?"
-        )
-
     def list_rows(self) -> str:
         """Rows in a state: (state, limit)."""
         created = (

@@ -29,11 +29,9 @@ from onceonly._core.state import (
     Record,
     State,
     Write,
-    cached_error_write,
     claim_write,
     complete_write,
     decide,
-    fail_write,
 )
 from onceonly.errors import (
     ConfigurationError,
@@ -44,7 +42,7 @@ from onceonly.errors import (
 )
 from onceonly.messaging import Delivery
 from onceonly.outbox import Outbox
-from onceonly.outcome import Outcome, new_token, replayed_result, seconds
+from onceonly.outcome import Outcome, failure_write, new_token, replayed_result, seconds
 from onceonly.types import Params, Session, Store
 
 __all__ = ["Inbox", "Tx"]
@@ -294,7 +292,7 @@ class Inbox:
                                 raise OnceOnlyError("the claim changed inside its own transaction")
                         return Outcome(result, False, key, attempt)
             except _HandlerFailed as failed:
-                self._record_failure(failed, fp, payload, connection)
+                self._record_failure(failed, payload, connection)
                 raise failed.exc from None
             if dead is not None:
                 raise dead
@@ -309,29 +307,22 @@ class Inbox:
                 )
             _acompat.sleep(min(0.05, remaining))
 
-    def _record_failure(
-        self, failed: _HandlerFailed, fp: str, payload: Any, connection: Any
-    ) -> None:
+    def _record_failure(self, failed: _HandlerFailed, payload: Any, connection: Any) -> None:
         """Store the failed run in a transaction of its own (fenced on what we saw)."""
         exc, claimed = failed.exc, failed.claimed
         if not isinstance(exc, Exception):
             return  # KeyboardInterrupt, cancellation: not the message's fault
         scope, key = claimed.scope, claimed.key
-        cached = isinstance(exc, self.cache_errors)
-        if cached:
-            write = cached_error_write(
-                claimed, codec.error_summary(exc), codec.encode_error(exc), self.ttl
-            )
-        else:
-            snapshot = _snapshot(payload, self.max_result_bytes) if self.keep_payload else None
-            write = fail_write(
-                claimed,
-                fp,
-                claimed.token,
-                codec.error_summary(exc),
-                snapshot,
-                self.policy.max_attempts,
-            )
+        write = failure_write(
+            claimed,
+            exc,
+            payload=payload,
+            keep_payload=self.keep_payload,
+            cache_errors=self.cache_errors,
+            ttl=self.ttl,
+            max_attempts=self.policy.max_attempts,
+            max_bytes=self.max_result_bytes,
+        )
         try:
             with self.store.transaction(connection, lock_wait=self.wait) as session:
                 if failed.seen_token is None:
@@ -399,10 +390,3 @@ def _dead(record: Record, attempts: int | None) -> DeadLettered:
         attempts=n,
         error=record.error,
     )
-
-
-def _snapshot(payload: Any, max_bytes: int) -> str | None:
-    try:
-        return codec.encode(payload, max_bytes=max_bytes, what="payload")
-    except OnceOnlyError:
-        return None

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""What processing a delivery returns."""
+"""What processing a delivery returns, and the rules both modes share for replays and
+failures (one place, so the inbox and leased mode cannot drift apart)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from onceonly._core import codec
-from onceonly._core.state import Record
-from onceonly.errors import ConfigurationError, ReplayedError
+from onceonly._core.state import Record, Write, cached_error_write, fail_write
+from onceonly.errors import ConfigurationError, OnceOnlyError, ReplayedError
 
 __all__ = ["Outcome"]
 
@@ -70,3 +71,33 @@ def replayed_result(
             )
         raise exc
     return codec.decode(record.result, result_type) if record.result else None
+
+
+def failure_write(
+    claimed: Record,
+    exc: Exception,
+    *,
+    payload: Any,
+    keep_payload: bool,
+    cache_errors: tuple[type[BaseException], ...],
+    ttl: float | None,
+    max_attempts: int,
+    max_bytes: int,
+) -> Write:
+    """What to store when the run holding ``claimed`` raised ``exc``.
+
+    An error listed in ``cache_errors`` completes the key with the encoded error (replayed
+    to duplicates). Any other is a failed attempt (dead at ``max_attempts``) that keeps
+    the claim's checkpoint and, with ``keep_payload``, a JSON snapshot of the payload
+    for redrive (none when the payload is not JSON or is too large).
+    """
+    summary = codec.error_summary(exc)
+    if isinstance(exc, cache_errors):
+        return cached_error_write(claimed, summary, codec.encode_error(exc), ttl)
+    snapshot = None
+    if keep_payload and payload is not None:
+        try:
+            snapshot = codec.encode(payload, max_bytes=max_bytes, what="payload")
+        except OnceOnlyError:
+            snapshot = None
+    return fail_write(claimed, claimed.fingerprint, claimed.token, summary, snapshot, max_attempts)

@@ -216,10 +216,6 @@ class Relay:
         """Finish the batch in hand, then return from :meth:`run`."""
         self._stopping = True
 
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
-
     def run(self) -> RelayStats:
         """Relay until :meth:`stop`; returns the totals."""
         self._stopping = False

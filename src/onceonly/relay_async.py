@@ -215,10 +215,6 @@ class AsyncRelay:
         """Finish the batch in hand, then return from :meth:`run`."""
         self._stopping = True
 
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
-
     async def run(self) -> RelayStats:
         """Relay until :meth:`stop`; returns the totals."""
         self._stopping = False

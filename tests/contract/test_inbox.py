@@ -299,3 +299,27 @@ def test_memory_store_has_no_sql() -> None:
 
     with pytest.raises(onceonly.ConfigurationError, match="no SQL"):
         inbox.process("k", {}, handler)
+
+
+def test_failure_record_never_overwrites_a_later_success(store: Any) -> None:
+    """A run that fails, while another delivery completes the key before the failure is
+    stored, leaves the completed record untouched (the failure write is fenced)."""
+    winner: list[onceonly.Outcome[str]] = []
+
+    class RacingInbox(onceonly.Inbox):
+        def _record_failure(self, failed: Any, payload: Any, connection: Any) -> None:
+            # between the failed run's rollback and its failure record, a redelivery wins
+            winner.append(onceonly.Inbox(store, consumer="c").process("k", payload, ok))
+            super()._record_failure(failed, payload, connection)
+
+    def ok(payload: Any, tx: onceonly.Tx) -> str:
+        return "won"
+
+    def boom(payload: Any, tx: onceonly.Tx) -> str:
+        raise RuntimeError("lost the race")
+
+    with pytest.raises(RuntimeError):
+        RacingInbox(store, consumer="c").process("k", {"a": 1}, boom)
+    assert winner[0].replayed is False
+    again = onceonly.Inbox(store, consumer="c").process("k", {"a": 1}, boom)
+    assert (again.result, again.replayed, again.attempt) == ("won", True, 1)
