@@ -25,6 +25,9 @@ from onceonly.errors import (
     StoreError,
     StoreUnavailable,
     TooLarge,
+    TransactionAborted,
+    TransactionEnded,
+    TransactionError,
 )
 from onceonly.inbox import Inbox, Tx
 from onceonly.inbox_async import AsyncInbox, AsyncTx
@@ -74,6 +77,9 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "TooLarge",
+    "TransactionAborted",
+    "TransactionEnded",
+    "TransactionError",
     "Tx",
     "composite_key",
     "content_key",

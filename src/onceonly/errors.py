@@ -15,6 +15,9 @@ The tree is organised by what the caller does next::
     ├── LeaseLost                            your claim was taken over: discard your result
     ├── ReplayedError                        a cached error whose class could not be rebuilt
     ├── PublishError                         the broker did not confirm a message
+    ├── TransactionError                     the handler broke the inbox's transaction: fix it
+    │   ├── TransactionEnded                 it committed or rolled back tx.connection itself
+    │   └── TransactionAborted               a statement failed and the handler went on
     └── StoreError                           the store failed
         ├── StoreUnavailable                 transient (connection lost, busy): retry the delivery
         └── CorruptRecord                    a row the library does not understand (unknown state)
@@ -41,6 +44,9 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "TooLarge",
+    "TransactionAborted",
+    "TransactionEnded",
+    "TransactionError",
 ]
 
 
@@ -183,6 +189,33 @@ class PublishError(OnceOnlyError):
     """
 
     status_hint = 502
+
+
+class TransactionError(OnceOnlyError):
+    """The handler broke the transaction that holds its claim (atomic mode).
+
+    Nothing is reported as done: the attempt counts as failed and the message is retried
+    (dead-lettered at ``max_attempts``). Fix the handler: write through ``tx.execute`` or
+    ``tx.connection`` and leave commit and rollback to the inbox.
+    """
+
+
+class TransactionEnded(TransactionError):
+    """The handler committed or rolled back ``tx.connection`` itself (``with conn:`` on
+    sqlite3, ``conn.commit()``, ``conn.rollback()``), so the claim no longer shares a
+    transaction with the handler's writes.
+
+    Never commit inside a handler; to undo part of the work, use a savepoint
+    (``conn.transaction()`` on psycopg, ``SAVEPOINT`` on SQLite).
+    """
+
+
+class TransactionAborted(TransactionError):
+    """A statement failed inside the transaction and the handler carried on (it caught a
+    database error), so the transaction can only roll back.
+
+    Let database errors propagate, or wrap the statement that may fail in a savepoint.
+    """
 
 
 class StoreError(OnceOnlyError):

@@ -25,6 +25,7 @@ from onceonly._core.fingerprint import Fingerprinter, fingerprint
 from onceonly._core.keys import validate_key
 from onceonly._core.state import (
     Action,
+    Expect,
     Policy,
     Record,
     State,
@@ -32,6 +33,10 @@ from onceonly._core.state import (
     claim_write,
     complete_write,
     decide,
+    precount_write,
+    precounted_run,
+    recount_write,
+    uncount_write,
 )
 from onceonly.errors import (
     ConfigurationError,
@@ -39,17 +44,26 @@ from onceonly.errors import (
     InFlight,
     OnceOnlyError,
     PayloadMismatch,
+    StoreUnavailable,
+    TransactionAborted,
+    TransactionEnded,
 )
 from onceonly.messaging import Delivery
 from onceonly.outbox import Outbox
 from onceonly.outcome import Outcome, failure_write, new_token, replayed_result, seconds
-from onceonly.types import Params, Session, Store
+from onceonly.types import Params, Session, Store, TxHealth
 
 __all__ = ["Inbox", "Tx"]
 
 log = logging.getLogger("onceonly.inbox")
 
 T = TypeVar("T")
+
+# Handlers shorter than this fraction of the ttl keep the claim's expires_at (spec §1.1).
+_RESTAMP_FRACTION = 0.001
+# Bounded re-reads when a concurrent writer keeps changing the row under us.
+_PRECOUNT_RACES = 3
+_RECOUNT_RACES = 3
 
 
 class Tx:
@@ -134,6 +148,10 @@ class Inbox:
         result_type: a dataclass type that replayed results are rebuilt as.
         outbox: the outbox ``tx.publish`` writes to (default: the store's default outbox
             table, on SQL stores).
+        precount_attempts: count each attempt in a write of its own before the handler
+            runs (one extra round trip for a new key, two for a retry), so a message that
+            kills the worker still reaches ``max_attempts`` and ends ``dead``. Broker
+            consumers count such crashes with the broker's delivery count instead.
 
     .. versionadded:: 0.1
     """
@@ -154,6 +172,7 @@ class Inbox:
         max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
         result_type: Any = None,
         outbox: Outbox | None = None,
+        precount_attempts: bool = False,
     ) -> None:
         if not getattr(store, "atomic", False):
             raise ConfigurationError(
@@ -164,7 +183,7 @@ class Inbox:
         self.store = store
         self.consumer = validate_key(consumer, what="consumer")
         self.ttl: float | None = None if ttl is None else seconds(ttl, what="ttl")
-        self.wait = seconds(wait, what="wait")
+        self.wait = seconds(wait, what="wait", allow_inf=True)
         self.policy = Policy(seconds(stale_after, what="stale_after"), max_attempts)
         self.cache_errors = tuple(cache_errors)
         self._fingerprint = fingerprint
@@ -172,6 +191,7 @@ class Inbox:
         self.keep_payload = keep_payload
         self.max_result_bytes = max_result_bytes
         self.result_type = result_type
+        self.precount_attempts = precount_attempts
         if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql"):
             outbox = Outbox(store)
         self.outbox = outbox
@@ -223,16 +243,20 @@ class Inbox:
             PayloadMismatch: the key was used with another payload.
             InFlight: a concurrent delivery held the key longer than ``wait``.
             DeadLettered: the key failed ``max_attempts`` times.
+            StoreUnavailable: the store went away (also inside the handler); the attempt
+                is not counted, retry the delivery.
+            TransactionError: the handler ended or broke the transaction (counted).
             Exception: whatever the handler raised (after recording the failure).
         """
         key = validate_key(key)
         fp = fingerprint(payload, custom=self._fingerprint, fields=self._fields)
         scope = self.consumer
         deadline = _acompat.monotonic() + self.wait
+        own = self._precount(key, fp) if self.precount_attempts else None
         while True:
             token = new_token()
             claimed: Record | None = None
-            seen_token: int | None = None
+            seen: Expect | None = None
             dead: DeadLettered | None = None
             try:
                 with self.store.transaction(connection, lock_wait=self.wait) as session:
@@ -241,7 +265,11 @@ class Inbox:
                     if snap.inserted:
                         claimed, attempt = snap.record, 1
                     else:
-                        decision = decide(snap.record, snap.now, fp, self.policy, token)
+                        if own is not None and _is_own_mark(snap.record, own):
+                            assert snap.record is not None
+                            decision = precounted_run(snap.record, token, self.policy)
+                        else:
+                            decision = decide(snap.record, snap.now, fp, self.policy, token)
                         record = decision.record
                         assert record is not None
                         if decision.action is Action.REPLAY:
@@ -255,7 +283,8 @@ class Inbox:
                         if decision.action is Action.DEAD:
                             # store the dead state first; raise after the commit
                             if decision.write is not None:
-                                session.update(scope, key, record.token, decision.write)
+                                assert decision.expect is not None
+                                session.update(scope, key, decision.expect, decision.write)
                             dead = _dead(
                                 record, decision.write.attempts if decision.write else None
                             )
@@ -263,35 +292,49 @@ class Inbox:
                             claimed = None
                             retry_after = decision.retry_after
                         else:
-                            assert decision.write is not None
-                            seen_token = record.token
+                            assert decision.write is not None and decision.expect is not None
+                            seen = decision.expect
                             intent = decision.write
-                            claimed = session.update(scope, key, record.token, self._atomic(intent))
+                            claimed = session.update(scope, key, seen, self._atomic(intent))
                             attempt = decision.attempt
                             if claimed is None:
-                                continue  # lost a race for the row: read it again
+                                continue  # the row changed since it was read: read it again
                     if claimed is not None:
                         tx = Tx(session, scope, key, attempt, delivery, self.outbox)
+                        started = _acompat.monotonic()
                         try:
                             result = handler(payload, tx)
+                            _check_health(session.health(), scope, key)
                             encoded = codec.encode(result, max_bytes=self.max_result_bytes)
                         except BaseException as exc:
                             # a failure keeps what the claim carried (checkpoint, payload)
                             carried = dataclasses.replace(
                                 claimed, checkpoint=intent.checkpoint, payload=intent.payload
                             )
-                            raise _HandlerFailed(exc, carried, seen_token, attempt) from exc
-                        if encoded != "null":  # the claim already says completed, result null
+                            raise _HandlerFailed(
+                                exc, carried, seen, attempt, session.health()
+                            ) from exc
+                        elapsed = _acompat.monotonic() - started
+                        # The claim says completed with a null result and expires_at from
+                        # the claim; re-stamp unless nothing would change (spec §1.1).
+                        if encoded != "null" or self._restamp(elapsed):
                             done = session.update(
                                 scope,
                                 key,
-                                claimed.token,
+                                Expect(claimed.token, State.COMPLETED),
                                 complete_write(claimed, encoded, self.ttl),
                             )
                             if done is None:  # cannot happen while we hold the row
                                 raise OnceOnlyError("the claim changed inside its own transaction")
                         return Outcome(result, False, key, attempt)
             except _HandlerFailed as failed:
+                if failed.transient:
+                    self._uncount(key, own)
+                    raise StoreUnavailable(
+                        f"the store went away while the handler ran: {failed.exc}",
+                        key=key,
+                        scope=scope,
+                    ) from failed.exc
                 self._record_failure(failed, payload, connection)
                 raise failed.exc from None
             if dead is not None:
@@ -307,8 +350,57 @@ class Inbox:
                 )
             _acompat.sleep(min(0.05, remaining))
 
+    def _restamp(self, elapsed: float) -> bool:
+        """Whether a handler ran long enough that ``expires_at`` must move to completion.
+
+        The claim stamped ``expires_at = claim + ttl``; completion + ttl is what the spec
+        promises. Within 0.1 % of the ttl the difference is not worth a statement.
+        """
+        return self.ttl is not None and elapsed > self.ttl * _RESTAMP_FRACTION
+
+    def _precount(self, key: str, fp: str | None) -> int | None:
+        """Count this attempt before running it, in its own autocommit write (opt-in).
+
+        A worker that dies inside the handler commits nothing in atomic mode, so without
+        this the attempt is never counted. The mark is a ``failed`` record under a token
+        of ours; the transaction recognises it and overwrites it on success. Returns that
+        token, or ``None`` when no mark was written (the transaction decides alone).
+        """
+        scope = self.consumer
+        for _ in range(_PRECOUNT_RACES):
+            token = new_token()
+            with self.store.session() as session:
+                mark = precount_write(None, 0.0, fp, self.policy, token)
+                assert mark.write is not None
+                snap = session.claim(scope, key, mark.write)
+                if snap.inserted:
+                    return token
+                decision = precount_write(snap.record, snap.now, fp, self.policy, token)
+                if decision.write is None:
+                    return None
+                assert decision.expect is not None
+                if session.update(scope, key, decision.expect, decision.write):
+                    return token
+        return None
+
+    def _uncount(self, key: str, own: int | None) -> None:
+        """Give back a precounted attempt that a transient store error interrupted."""
+        if own is None:
+            return
+        try:
+            with self.store.session() as session:
+                snap = session.get(self.consumer, key)
+                if snap.record is not None and _is_own_mark(snap.record, own):
+                    session.update(
+                        self.consumer, key, Expect(own, State.FAILED), uncount_write(snap.record)
+                    )
+        except OnceOnlyError:
+            log.warning("%s/%s: a precounted attempt could not be given back", self.consumer, key)
+
     def _record_failure(self, failed: _HandlerFailed, payload: Any, connection: Any) -> None:
-        """Store the failed run in a transaction of its own (fenced on what we saw)."""
+        """Store the failed run in a transaction of its own, conditional on the version the
+        claim was decided from. If that version moved on (a concurrent run), the failure
+        is still counted on the current record unless it completed or died."""
         exc, claimed = failed.exc, failed.claimed
         if not isinstance(exc, Exception):
             return  # KeyboardInterrupt, cancellation: not the message's fault
@@ -323,13 +415,30 @@ class Inbox:
             max_attempts=self.policy.max_attempts,
             max_bytes=self.max_result_bytes,
         )
+        stored: Record | None = None
         try:
             with self.store.transaction(connection, lock_wait=self.wait) as session:
-                if failed.seen_token is None:
+                if failed.seen is None:
                     stored = session.insert(scope, key, write)
                 else:
-                    stored = session.update(scope, key, failed.seen_token, write)
-        except Exception:
+                    stored = session.update(scope, key, failed.seen, write)
+                if stored is None and isinstance(exc, TransactionEnded):
+                    # The handler committed the claim itself (written completed, with our
+                    # token): that completion is not a success, so turn it into a failure.
+                    stored = session.update(
+                        scope, key, Expect(claimed.token, State.COMPLETED), write
+                    )
+                for _ in range(_RECOUNT_RACES):
+                    if stored is not None:
+                        break
+                    snap = session.get(scope, key)
+                    recount = recount_write(
+                        snap.record, snap.now, write.error or "", new_token(), self.policy
+                    )
+                    if recount is None:
+                        break  # it completed or died meanwhile: nothing to count on
+                    stored = session.update(scope, key, recount[0], recount[1])
+        except OnceOnlyError:
             log.exception("could not record the failure of %s/%s", scope, key)
             return
         if stored is None:
@@ -369,16 +478,53 @@ class Inbox:
 
 
 class _HandlerFailed(Exception):
-    """Carries a handler's exception out of the transaction so it rolls back first."""
+    """Carries a handler's exception out of the transaction so it rolls back first.
+
+    ``seen``: the version the claim was decided from (``None``: the claim inserted).
+    ``transient``: the store went away (connection lost), so the attempt is not counted.
+    """
 
     def __init__(
-        self, exc: BaseException, claimed: Record, seen_token: int | None, attempt: int
+        self,
+        exc: BaseException,
+        claimed: Record,
+        seen: Expect | None,
+        attempt: int,
+        health: TxHealth,
     ) -> None:
-        super().__init__(str(exc))
+        super().__init__(repr(exc))
         self.exc = exc
         self.claimed = claimed
-        self.seen_token = seen_token
+        self.seen = seen
         self.attempt = attempt
+        self.transient = health is TxHealth.LOST or isinstance(exc, StoreUnavailable)
+
+
+def _check_health(health: TxHealth, scope: str, key: str) -> None:
+    """Refuse to complete a claim whose transaction the handler ended or broke."""
+    if health is TxHealth.ENDED:
+        raise TransactionEnded(
+            "the handler committed or rolled back the inbox's transaction; leave commit "
+            "and rollback to the inbox (use a savepoint to undo part of the work)",
+            key=key,
+            scope=scope,
+        )
+    if health is TxHealth.ABORTED:
+        raise TransactionAborted(
+            "a statement failed in the handler's transaction and the handler carried on; "
+            "let database errors propagate, or wrap the statement in a savepoint",
+            key=key,
+            scope=scope,
+        )
+    if health is TxHealth.LOST:
+        raise StoreUnavailable(
+            "the connection was lost while the handler ran", key=key, scope=scope
+        )
+
+
+def _is_own_mark(record: Record | None, own: int) -> bool:
+    """Whether ``record`` is the precount mark this delivery wrote."""
+    return record is not None and record.token == own and record.state is State.FAILED
 
 
 def _dead(record: Record, attempts: int | None) -> DeadLettered:

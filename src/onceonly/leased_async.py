@@ -26,26 +26,40 @@ from typing import Any
 
 from onceonly import _acompat
 from onceonly._core import codec
+from onceonly._core.backoff import backoff_delay
 from onceonly._core.state import (
     Action,
+    Expect,
     Policy,
     Record,
+    State,
+    Write,
+    cached_error_write,
     claim_write,
     complete_write,
     decide,
 )
 from onceonly.errors import (
     DeadLettered,
+    EncodingError,
     InFlight,
     LeaseLost,
     PayloadMismatch,
+    StoreUnavailable,
+    TooLarge,
 )
-from onceonly.outcome import failure_write, new_token, replayed_result
+from onceonly.outcome import failure_write, new_token, random_fraction, replayed_result
 from onceonly.types import AsyncStore
 
 __all__ = ["AsyncClaim", "AsyncLeasedRunner", "current_async_claim"]
 
 log = logging.getLogger("onceonly.lease")
+
+# The final write of a run (its result or its failure) is fenced, so it is safe to retry
+# when the store blips: this many tries, backing off up to the cap, before giving up.
+_FINAL_WRITE_TRIES = 5
+_FINAL_WRITE_BACKOFF = 0.05
+_FINAL_WRITE_BACKOFF_CAP = 1.0
 
 _current: contextvars.ContextVar[AsyncClaim | None] = contextvars.ContextVar(
     "onceonly_current_async_claim", default=None
@@ -84,6 +98,7 @@ class AsyncClaim:
     record: Record
     checkpoints: dict[str, Any] = field(default_factory=dict)
     lost: bool = False
+    lease_seconds: float | None = None
 
     async def checkpoint(self, step: str, data: Any = None) -> None:
         """Save ``data`` as the recovery point ``step``, fenced by this claim's token.
@@ -96,7 +111,11 @@ class AsyncClaim:
         updated[step] = data
         text = codec.encode(updated, what="checkpoint")
         async with self.store.session() as session:
-            ok = await session.save_checkpoint(self.scope, self.key, self.token, text)
+            # a checkpoint is a sign of life: it renews the lease too, so a takeover
+            # decided from the row before it fails (spec §2)
+            ok = await session.save_checkpoint(
+                self.scope, self.key, self.token, text, self.lease_seconds
+            )
         if not ok:
             self.lost = True
             raise LeaseLost(
@@ -151,7 +170,15 @@ class AsyncLeasedRunner:
                 snap = await session.claim(scope, key, claim_write(fp, token, self.policy))
                 if snap.inserted:
                     assert snap.record is not None
-                    return AsyncClaim(self.store, scope, key, token, 1, snap.record)
+                    return AsyncClaim(
+                        self.store,
+                        scope,
+                        key,
+                        token,
+                        1,
+                        snap.record,
+                        lease_seconds=self.policy.lease_seconds,
+                    )
                 decision = decide(snap.record, snap.now, fp, self.policy, token)
                 record = decision.record
                 assert record is not None
@@ -163,7 +190,12 @@ class AsyncLeasedRunner:
                     )
                 if decision.action is Action.DEAD:
                     if decision.write is not None:
-                        await session.update(scope, key, record.token, decision.write)
+                        assert decision.expect is not None
+                        if (
+                            await session.update(scope, key, decision.expect, decision.write)
+                            is None
+                        ):
+                            continue  # the row changed since it was read: read it again
                     n = decision.write.attempts if decision.write else record.attempts
                     raise DeadLettered(
                         f"this key failed {n} times and is dead-lettered: {record.error}",
@@ -173,8 +205,8 @@ class AsyncLeasedRunner:
                         error=record.error,
                     )
                 if decision.action is Action.RUN:
-                    assert decision.write is not None
-                    taken = await session.update(scope, key, record.token, decision.write)
+                    assert decision.write is not None and decision.expect is not None
+                    taken = await session.update(scope, key, decision.expect, decision.write)
                     if taken is not None:
                         return AsyncClaim(
                             self.store,
@@ -184,6 +216,7 @@ class AsyncLeasedRunner:
                             decision.attempt,
                             taken,
                             _load_checkpoints(taken.checkpoint),
+                            lease_seconds=self.policy.lease_seconds,
                         )
                     continue  # someone else changed the row first: read it again
             remaining = deadline - _acompat.monotonic()
@@ -216,7 +249,6 @@ class AsyncLeasedRunner:
         reset = _current.set(claim)
         try:
             result = await fn()
-            encoded = codec.encode(result, max_bytes=self.max_result_bytes)
         except BaseException as exc:
             await heartbeat.stop()
             _current.reset(reset)
@@ -224,10 +256,21 @@ class AsyncLeasedRunner:
             raise
         await heartbeat.stop()
         _current.reset(reset)
-        async with self.store.session() as session:
-            done = await session.update(
-                self.scope, key, claim.token, complete_write(claim.record, encoded, self.ttl)
+        try:
+            encoded = codec.encode(result, max_bytes=self.max_result_bytes)
+        except (EncodingError, TooLarge) as exc:
+            # The effect has happened: a failed record would run it again on every retry.
+            # Complete the key with the error instead; duplicates get ReplayedError.
+            summary = codec.error_summary(exc)
+            unstorable = cached_error_write(
+                claim.record,
+                f"the result could not be stored: {summary}",
+                codec.encode_error(exc),
+                self.ttl,
             )
+            await self._final_write(claim, unstorable)
+            raise
+        done = await self._final_write(claim, complete_write(claim.record, encoded, self.ttl))
         if done is None:
             raise LeaseLost(
                 "the lease lapsed and another worker took this key over; the result of this "
@@ -265,14 +308,63 @@ class AsyncLeasedRunner:
             max_attempts=self.policy.max_attempts,
             max_bytes=self.max_result_bytes,
         )
+        if isinstance(exc, StoreUnavailable) and write.state is not State.COMPLETED:
+            # a store outage is not the message's fault: release without counting it
+            write = dataclasses.replace(write, state=State.FAILED, attempts=claim.record.attempts)
         try:
-            async with self.store.session() as session:
-                stored = await session.update(self.scope, claim.key, claim.token, write)
+            stored = await self._final_write(claim, write)
         except Exception:
             log.exception("could not record the failure of %s/%s", self.scope, claim.key)
             return
         if stored is None:
             log.warning("%s/%s: failure not recorded, the lease was lost", self.scope, claim.key)
+
+    async def _final_write(self, claim: AsyncClaim, write: Write) -> Record | None:
+        """Store the end of ``claim``'s run (fenced on its token), retrying store blips.
+
+        The write is conditional on the claim still being ours, so repeating it cannot
+        overwrite anyone. A retry after a write whose answer was lost finds the record
+        already in its final state under our token, and counts that as done.
+
+        Returns:
+            The stored record, or ``None`` when the claim was taken over.
+
+        Raises:
+            StoreUnavailable: the store stayed unreachable for every try.
+        """
+        expect = Expect.holder(claim.token)
+        for attempt in range(1, _FINAL_WRITE_TRIES + 1):
+            try:
+                async with self.store.session() as session:
+                    done = await session.update(self.scope, claim.key, expect, write)
+                    if done is None and attempt > 1:
+                        snap = await session.get(self.scope, claim.key)
+                        current = snap.record
+                        if (
+                            current is not None
+                            and current.token == write.token
+                            and current.state is write.state
+                        ):
+                            done = current
+                    return done
+            except StoreUnavailable:
+                if attempt == _FINAL_WRITE_TRIES:
+                    raise
+                log.warning(
+                    "%s/%s: storing the outcome failed (store unavailable); retry %d",
+                    self.scope,
+                    claim.key,
+                    attempt,
+                )
+                await _acompat.asleep(
+                    backoff_delay(
+                        attempt,
+                        base=_FINAL_WRITE_BACKOFF,
+                        cap=_FINAL_WRITE_BACKOFF_CAP,
+                        jitter=random_fraction(),
+                    )
+                )
+        return None  # pragma: no cover - the loop returns or raises
 
 
 def _load_checkpoints(text: str | None) -> dict[str, Any]:

@@ -37,16 +37,44 @@ class Outcome(Generic[T]):
     attempt: int
 
 
-def seconds(value: float | dt.timedelta | None, *, what: str, allow_none: bool = False) -> float:
-    """``value`` in seconds; :class:`ConfigurationError` unless positive (or None if allowed)."""
+# The longest duration a store can hold as a lease or ttl (about 100 years): PostgreSQL's
+# timestamps end in 294276 AD, but a "forever" is spelled None, not timedelta.max.
+MAX_SECONDS = 100 * 366 * 86400.0
+
+
+def seconds(
+    value: float | dt.timedelta | None,
+    *,
+    what: str,
+    allow_none: bool = False,
+    allow_inf: bool = False,
+) -> float:
+    """``value`` in seconds; :class:`ConfigurationError` unless positive and storable.
+
+    Durations past :data:`MAX_SECONDS` are refused (use ``None`` for "for ever" where the
+    option allows it); with ``allow_inf``, ``float("inf")`` means "no limit" (waits).
+    """
     if value is None:
         if allow_none:
             return float("inf")
         raise ConfigurationError(f"{what} is required")
-    out = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+    try:
+        out = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigurationError(f"{what} must be a number of seconds, not {value!r}") from None
     if not out > 0:
         raise ConfigurationError(f"{what} must be positive, not {value!r}")
+    if out > MAX_SECONDS and not (allow_inf and out == float("inf")):
+        raise ConfigurationError(
+            f"{what} must be at most {MAX_SECONDS:.0f} seconds (about 100 years), not "
+            f"{value!r}" + ("; use None to keep it for ever" if what == "ttl" else "")
+        )
     return out
+
+
+def random_fraction() -> float:
+    """A number in ``[0, 1)`` for backoff jitter (not for security)."""
+    return secrets.randbits(53) / (1 << 53)
 
 
 def new_token() -> int:

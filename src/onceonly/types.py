@@ -14,14 +14,15 @@ are awaited.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from onceonly._core.state import Record, Write
+from onceonly._core.state import Expect, Record, Write
 
-__all__ = ["AsyncSession", "AsyncStore", "Session", "Snapshot", "Store"]
+__all__ = ["AsyncSession", "AsyncStore", "Session", "Snapshot", "Store", "TxHealth"]
 
 Params = Sequence[Any] | None
 
@@ -36,6 +37,20 @@ class Snapshot:
     record: Record | None
     now: float
     inserted: bool = False
+
+
+class TxHealth(str, enum.Enum):
+    """What a session's transaction looks like after a handler ran in it (no I/O).
+
+    ``OK``: still ours and usable. ``ENDED``: committed or rolled back by someone else
+    (the handler). ``ABORTED``: a statement failed; it can only roll back. ``LOST``: the
+    connection is gone (transient: never the message's fault).
+    """
+
+    OK = "ok"
+    ENDED = "ended"
+    ABORTED = "aborted"
+    LOST = "lost"
 
 
 class Session(Protocol):
@@ -58,8 +73,13 @@ class Session(Protocol):
     def get(self, scope: str, key: str) -> Snapshot:
         """Read the record of ``(scope, key)``."""
 
-    def update(self, scope: str, key: str, expect_token: int, write: Write) -> Record | None:
-        """Store ``write`` if the record's token is still ``expect_token``; else ``None``."""
+    def health(self) -> TxHealth:
+        """The state of this session's transaction, read locally (no round trip)."""
+
+    def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
+        """Store ``write`` if the record is still the version ``expect`` (its token, its
+        state and, with ``expect.lapsed``, a lapsed lease or expiry on the store's
+        clock, all checked in the same statement); else ``None``."""
 
     def insert(self, scope: str, key: str, write: Write) -> Record | None:
         """Insert ``write`` if ``(scope, key)`` is absent; else ``None``."""
@@ -67,8 +87,11 @@ class Session(Protocol):
     def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
         """Extend an ``in_progress`` claim held under ``token``; the new ``lease_until``."""
 
-    def save_checkpoint(self, scope: str, key: str, token: int, checkpoint: str) -> bool:
-        """Store the checkpoint text on an ``in_progress`` claim held under ``token``."""
+    def save_checkpoint(
+        self, scope: str, key: str, token: int, checkpoint: str, lease_seconds: float | None = None
+    ) -> bool:
+        """Store the checkpoint text on an ``in_progress`` claim held under ``token``;
+        with ``lease_seconds``, extend its lease as a renewal would."""
 
 
 class Store(Protocol):
@@ -108,9 +131,9 @@ class AsyncSession(Protocol):
 
     async def get(self, scope: str, key: str) -> Snapshot: ...
 
-    async def update(
-        self, scope: str, key: str, expect_token: int, write: Write
-    ) -> Record | None: ...
+    def health(self) -> TxHealth: ...
+
+    async def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None: ...
 
     async def insert(self, scope: str, key: str, write: Write) -> Record | None: ...
 
@@ -118,7 +141,9 @@ class AsyncSession(Protocol):
         self, scope: str, key: str, token: int, lease_seconds: float
     ) -> float | None: ...
 
-    async def save_checkpoint(self, scope: str, key: str, token: int, checkpoint: str) -> bool: ...
+    async def save_checkpoint(
+        self, scope: str, key: str, token: int, checkpoint: str, lease_seconds: float | None = None
+    ) -> bool: ...
 
 
 class AsyncStore(Protocol):

@@ -114,10 +114,13 @@ def test_lapsed_lease_is_reclaimed_and_stale_completion_is_fenced(store: Any) ->
     result, replayed, attempt = runner.run("k", None, lambda: "winner")
     assert (result, replayed, attempt) == ("winner", False, 2)
     with store.session() as s:
-        from onceonly._core.state import complete_write
+        from onceonly._core.state import Expect, complete_write
 
         assert (
-            s.update("fn", "k", stale.token, complete_write(stale.record, '"stale"', None)) is None
+            s.update(
+                "fn", "k", Expect.holder(stale.token), complete_write(stale.record, '"stale"', None)
+            )
+            is None
         )
     assert runner.run("k", None, lambda: "again") == ("winner", True, 2)
 

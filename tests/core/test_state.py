@@ -13,6 +13,7 @@ import onceonly
 from onceonly._core.state import (
     Action,
     Decision,
+    Expect,
     Policy,
     Record,
     State,
@@ -101,6 +102,17 @@ DEAD = rec(State.DEAD, attempts=3, error="ValueError: boom", payload='{"p":1}')
 
 LEASE_EXPIRED = "lease expired (the worker died or stalled)"
 
+
+def lapsed(record: Record) -> Expect:
+    """A decision that relied on the lease or expiry having run out (re-checked by stores)."""
+    return Expect(record.token, record.state, lapsed=True)
+
+
+def same(record: Record) -> Expect:
+    """A decision from the record's token and state alone."""
+    return Expect(record.token, record.state)
+
+
 # (id, stored record, incoming fingerprint, expected decision)
 CASES: list[tuple[str, Record | None, str | None, Decision]] = [
     ("absent", None, FP, Decision(Action.RUN, None, claim(FP, 0), attempt=1)),
@@ -111,13 +123,13 @@ CASES: list[tuple[str, Record | None, str | None, Decision]] = [
         "completed-expired",
         EXPIRED,
         OTHER_FP,
-        Decision(Action.RUN, EXPIRED, claim(OTHER_FP, 0), attempt=1),
+        Decision(Action.RUN, EXPIRED, claim(OTHER_FP, 0), attempt=1, expect=lapsed(EXPIRED)),
     ),
     (
         "completed-expires-exactly-now",
         EXPIRING_NOW,
         FP,
-        Decision(Action.RUN, EXPIRING_NOW, claim(FP, 0), attempt=1),
+        Decision(Action.RUN, EXPIRING_NOW, claim(FP, 0), attempt=1, expect=lapsed(EXPIRING_NOW)),
     ),
     ("completed-other-fp", COMPLETED, OTHER_FP, Decision(Action.MISMATCH, COMPLETED)),
     (
@@ -130,25 +142,36 @@ CASES: list[tuple[str, Record | None, str | None, Decision]] = [
         "in-progress-lapsed",
         LAPSED,
         FP,
-        Decision(Action.RUN, LAPSED, claim(FP, 2, CHECKPOINT, LAPSED.payload), attempt=3),
+        Decision(
+            Action.RUN,
+            LAPSED,
+            claim(FP, 2, CHECKPOINT, LAPSED.payload),
+            attempt=3,
+            expect=lapsed(LAPSED),
+        ),
     ),
     (
         "in-progress-lapses-exactly-now",
         LAPSING_NOW,
         FP,
-        Decision(Action.RUN, LAPSING_NOW, claim(FP, 1), attempt=2),
+        Decision(Action.RUN, LAPSING_NOW, claim(FP, 1), attempt=2, expect=lapsed(LAPSING_NOW)),
     ),
     (
         "in-progress-without-lease",
         NO_LEASE,
         FP,
-        Decision(Action.RUN, NO_LEASE, claim(FP, 1), attempt=2),
+        Decision(Action.RUN, NO_LEASE, claim(FP, 1), attempt=2, expect=lapsed(NO_LEASE)),
     ),
     (
         "in-progress-lapsed-reaches-max",
         LAPSED_LAST,
         FP,
-        Decision(Action.DEAD, LAPSED_LAST, dead(LAPSED_LAST, 3, LEASE_EXPIRED)),
+        Decision(
+            Action.DEAD,
+            LAPSED_LAST,
+            dead(LAPSED_LAST, 3, LEASE_EXPIRED),
+            expect=lapsed(LAPSED_LAST),
+        ),
     ),
     (
         "in-progress-lapsed-reaches-max-keeps-error",
@@ -158,13 +181,20 @@ CASES: list[tuple[str, Record | None, str | None, Decision]] = [
             Action.DEAD,
             LAPSED_LAST_WITH_ERROR,
             dead(LAPSED_LAST_WITH_ERROR, 3, "ValueError: boom"),
+            expect=lapsed(LAPSED_LAST_WITH_ERROR),
         ),
     ),
     (
         "failed",
         FAILED,
         FP,
-        Decision(Action.RUN, FAILED, claim(FP, 1, payload=FAILED.payload), attempt=2),
+        Decision(
+            Action.RUN,
+            FAILED,
+            claim(FP, 1, payload=FAILED.payload),
+            attempt=2,
+            expect=same(FAILED),
+        ),
     ),
     (
         "failed-keeps-checkpoint",
@@ -175,25 +205,42 @@ CASES: list[tuple[str, Record | None, str | None, Decision]] = [
             FAILED_CHECKPOINTED,
             claim(FP, 2, CHECKPOINT, FAILED_CHECKPOINTED.payload),
             attempt=3,
+            expect=same(FAILED_CHECKPOINTED),
         ),
     ),
     (
         "failed-redriven",
         REDRIVEN,
         FP,
-        Decision(Action.RUN, REDRIVEN, claim(FP, 0, payload=REDRIVEN.payload), attempt=1),
+        Decision(
+            Action.RUN,
+            REDRIVEN,
+            claim(FP, 0, payload=REDRIVEN.payload),
+            attempt=1,
+            expect=same(REDRIVEN),
+        ),
     ),
     (
         "failed-at-max",
         FAILED_AT_MAX,
         FP,
-        Decision(Action.DEAD, FAILED_AT_MAX, dead(FAILED_AT_MAX, 3, "ValueError: boom")),
+        Decision(
+            Action.DEAD,
+            FAILED_AT_MAX,
+            dead(FAILED_AT_MAX, 3, "ValueError: boom"),
+            expect=same(FAILED_AT_MAX),
+        ),
     ),
     (
         "failed-over-max",
         FAILED_OVER_MAX,
         FP,
-        Decision(Action.DEAD, FAILED_OVER_MAX, dead(FAILED_OVER_MAX, 7, "ValueError: boom")),
+        Decision(
+            Action.DEAD,
+            FAILED_OVER_MAX,
+            dead(FAILED_OVER_MAX, 7, "ValueError: boom"),
+            expect=same(FAILED_OVER_MAX),
+        ),
     ),
     ("dead", DEAD, FP, Decision(Action.DEAD, DEAD)),
     # rule 2: another payload is a mismatch in every state that is not expired
@@ -211,7 +258,13 @@ CASES: list[tuple[str, Record | None, str | None, Decision]] = [
         "no-fp-failed-keeps-stored-fp",
         FAILED,
         None,
-        Decision(Action.RUN, FAILED, claim(FP, 1, payload=FAILED.payload), attempt=2),
+        Decision(
+            Action.RUN,
+            FAILED,
+            claim(FP, 1, payload=FAILED.payload),
+            attempt=2,
+            expect=same(FAILED),
+        ),
     ),
     (
         "stored-without-fp",

@@ -455,6 +455,7 @@ class ModelMachine(RuleBasedStateMachine):
             assert got.error is None, got.error
             handle.checkpoints[step] = data
             row.checkpoint = dict(handle.checkpoints)
+            row.lease_until = self.model.now + LEASE  # a checkpoint renews the lease
         else:
             assert isinstance(got.error, onceonly.LeaseLost), got
 

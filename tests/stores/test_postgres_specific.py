@@ -23,7 +23,7 @@ from psycopg import pq
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
-from onceonly._core.state import State, Write
+from onceonly._core.state import Expect, State, Write
 from onceonly.errors import (
     ConfigurationError,
     CorruptRecord,
@@ -31,6 +31,7 @@ from onceonly.errors import (
     OnceOnlyError,
     StoreError,
     StoreUnavailable,
+    TransactionAborted,
 )
 from onceonly.stores.postgres import PostgresStore
 from onceonly.stores.postgres_async import AsyncPostgresStore
@@ -269,7 +270,7 @@ def test_written_records_equal_what_is_read_back(store: PostgresStore) -> None:
             key = f"k{i}"
             snap = s.claim(SCOPE, key, claim_write(1, lease=lease))
             assert snap.record == s.get(SCOPE, key).record
-            updated = s.update(SCOPE, key, 1, done_write(1, ttl=ttl))
+            updated = s.update(SCOPE, key, Expect.holder(1), done_write(1, ttl=ttl))
             assert updated is not None and updated == s.get(SCOPE, key).record
         inserted = s.insert(SCOPE, "k-ins", claim_write(5, lease=0.5))
         assert inserted is not None and inserted == s.get(SCOPE, "k-ins").record
@@ -322,13 +323,15 @@ def test_update_of_a_locked_row_reports_in_flight(store: PostgresStore) -> None:
     with store.session() as s:
         s.claim(SCOPE, "k", claim_write(1))
     with store.transaction() as a:
-        assert a.update(SCOPE, "k", 1, claim_write(2)) is not None  # reclaim: holds the row
+        assert (
+            a.update(SCOPE, "k", Expect.holder(1), claim_write(2)) is not None
+        )  # reclaim: holds the row
         outcome: list[BaseException] = []
 
         def second() -> None:
             try:
                 with store.transaction(lock_wait=0.3) as b:
-                    b.update(SCOPE, "k", 1, claim_write(3))
+                    b.update(SCOPE, "k", Expect.holder(1), claim_write(3))
             except BaseException as exc:  # checked below
                 outcome.append(exc)
 
@@ -384,7 +387,7 @@ def test_lock_timeout_is_restored_after_a_claim(store: PostgresStore) -> None:
     with store.transaction(lock_wait=0.3) as s:
         before = s.execute("SHOW lock_timeout").fetchone()
         s.claim(SCOPE, "k", claim_write(1))
-        s.update(SCOPE, "other", 5, claim_write(6))  # bounded, and matches no row
+        s.update(SCOPE, "other", Expect.holder(5), claim_write(6))  # bounded, and matches no row
         assert s.execute("SHOW lock_timeout").fetchone() == before
     with psycopg.connect(PG_URL) as caller:
         caller.execute("SET lock_timeout = '7s'")
@@ -403,9 +406,9 @@ def test_update_is_fenced_by_token(store: PostgresStore) -> None:
     with store.transaction() as s:
         claimed = s.claim(SCOPE, "k", claim_write(1)).record
         assert claimed is not None
-        assert s.update(SCOPE, "k", 999, done_write(2)) is None
+        assert s.update(SCOPE, "k", Expect.holder(999), done_write(2)) is None
         assert s.get(SCOPE, "k").record == claimed
-        done = s.update(SCOPE, "k", 1, done_write(2, ttl=60.0))
+        done = s.update(SCOPE, "k", Expect.holder(1), done_write(2, ttl=60.0))
     assert done is not None and done.state is State.COMPLETED and done.token == 2
     assert done.created_at == claimed.created_at and done.updated_at >= claimed.updated_at
     assert done.completed_at == done.updated_at and done.lease_until is None
@@ -425,7 +428,7 @@ def test_renew_and_checkpoint_are_fenced(store: PostgresStore) -> None:
         assert s.get(SCOPE, "k").record.lease_until == until  # type: ignore[union-attr]
         assert s.save_checkpoint(SCOPE, "k", 1, "step-1") is True
         assert s.get(SCOPE, "k").record.checkpoint == "step-1"  # type: ignore[union-attr]
-        s.update(SCOPE, "k", 1, done_write(1))
+        s.update(SCOPE, "k", Expect.holder(1), done_write(1))
         assert s.renew(SCOPE, "k", 1, 60.0) is None
         assert s.save_checkpoint(SCOPE, "k", 1, "step-2") is False
         assert s.renew(SCOPE, "absent", 1, 60.0) is None
@@ -439,7 +442,7 @@ async def test_renew_and_checkpoint_are_fenced_async(astore: AsyncPostgresStore)
         assert await s.renew(SCOPE, "k", 1, 60.0) is not None
         assert await s.save_checkpoint(SCOPE, "k", 2, "x") is False
         assert await s.save_checkpoint(SCOPE, "k", 1, "x") is True
-        await s.update(SCOPE, "k", 1, done_write(1))
+        await s.update(SCOPE, "k", Expect.holder(1), done_write(1))
         assert await s.renew(SCOPE, "k", 1, 60.0) is None
 
 
@@ -465,7 +468,7 @@ def test_transaction_rolls_back_on_error(store: PostgresStore) -> None:
 
 def test_failed_statement_is_never_reported_committed(store: PostgresStore) -> None:
     """A transaction whose statement failed (and was swallowed) raises and rolls back."""
-    with pytest.raises(StoreError, match="rolled back"), store.transaction() as s:
+    with pytest.raises(TransactionAborted, match="rolled back"), store.transaction() as s:
         s.claim(SCOPE, "k", claim_write(1))
         with pytest.raises(psycopg.errors.UndefinedTable):
             s.execute("SELECT * FROM no_such_table_here")
@@ -599,7 +602,7 @@ def test_killed_connection_is_store_unavailable(store: PostgresStore) -> None:
     with pytest.raises(StoreUnavailable), store.transaction() as s:
         s.claim(SCOPE, "k", claim_write(1))
         admin("SELECT pg_terminate_backend(%s)", (s.connection.info.backend_pid,))
-        s.update(SCOPE, "k", 1, done_write(1))
+        s.update(SCOPE, "k", Expect.holder(1), done_write(1))
     assert committed(store.table, "k") == []
     with store.session() as s:  # broken connections were discarded
         assert s.get(SCOPE, "k").record is None
@@ -674,7 +677,9 @@ def test_one_round_trip_per_operation(table: str, pg_url: str) -> None:
         with store.transaction() as s:
             c = s.connection
             assert round_trips(c, lambda: s.claim(SCOPE, "k", claim_write(1))) == 1
-            assert round_trips(c, lambda: s.update(SCOPE, "k", 1, done_write(1))) == 1
+            assert (
+                round_trips(c, lambda: s.update(SCOPE, "k", Expect.holder(1), done_write(1))) == 1
+            )
             assert round_trips(c, lambda: s.get(SCOPE, "k")) == 1
         with store.session() as s:
             c = s.connection

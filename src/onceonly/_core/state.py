@@ -29,7 +29,13 @@ worker whose claim lapsed can no longer complete it.
 
 Every write is a :class:`Write`: the whole new row except times, which the store fills in
 from its own clock (``lease_seconds`` and ``ttl_seconds`` are relative to the store's now).
-Every update is conditional on the token the writer last saw (fencing).
+
+**Every update is conditional on the exact version it was decided from** (an
+:class:`Expect`: token, state and, when the decision relied on time having passed, that
+the lease or the expiry has still lapsed on the store's clock, re-checked in the same
+statement). A token names a claim, not a row version: completing, failing or renewing a
+claim keeps its token, so a writer that checked only the token could overwrite a
+completion or steal a lease renewed after it read the row.
 """
 
 from __future__ import annotations
@@ -39,6 +45,21 @@ import enum
 from dataclasses import dataclass
 
 from onceonly.errors import CorruptRecord
+
+
+def comparable(stored: str, incoming: str) -> bool:
+    """Whether two fingerprints were made by the same scheme (see ``_core.fingerprint``).
+
+    A fingerprint carries its scheme before a colon (``"c:…"`` for a custom one); a bare
+    hex digest is scheme 1. Fingerprints of different schemes cannot be compared, so a
+    change of scheme never turns stored keys into mismatches.
+    """
+    return _scheme(stored) == _scheme(incoming)
+
+
+def _scheme(fp: str) -> str:
+    head, sep, _ = fp.partition(":")
+    return head if sep else "1"
 
 
 class State(str, enum.Enum):
@@ -104,6 +125,36 @@ class Write:
 
 
 @dataclass(frozen=True)
+class Expect:
+    """The version of a record an update was decided from; the store re-checks it.
+
+    ``token`` and ``state`` must still be the record's. With ``lapsed``, the decision
+    relied on time: an ``in_progress`` record's lease must still have run out
+    (``lease_until`` null or ``<=`` the store's now) and a ``completed`` record must
+    still be past ``expires_at``, both read in the same statement as the write.
+    """
+
+    token: int
+    state: State
+    lapsed: bool = False
+
+    @classmethod
+    def holder(cls, token: int) -> Expect:
+        """What the holder of a leased claim expects: its own ``in_progress`` claim."""
+        return cls(token, State.IN_PROGRESS)
+
+    def matches(self, record: Record | None, now: float) -> bool:
+        """Whether ``record`` is still this version at ``now`` (the stores' rule in Python)."""
+        if record is None or record.token != self.token or record.state is not self.state:
+            return False
+        if not self.lapsed:
+            return True
+        if record.state is State.COMPLETED:
+            return is_expired(record, now)
+        return record.lease_until is None or record.lease_until <= now
+
+
+@dataclass(frozen=True)
 class Policy:
     """What a claim is allowed to do.
 
@@ -137,7 +188,7 @@ class Decision:
     """The outcome of :func:`decide`.
 
     ``write`` is what must be stored (insert when ``record`` is None, otherwise an update
-    conditional on ``record.token``) before acting; ``None`` means nothing to store.
+    conditional on ``expect``) before acting; ``None`` means nothing to store.
     ``attempt`` is the 1-based number of the run a RUN decision starts.
     """
 
@@ -146,6 +197,7 @@ class Decision:
     write: Write | None = None
     attempt: int = 0
     retry_after: float | None = None
+    expect: Expect | None = None
 
 
 def is_expired(record: Record, now: float) -> bool:
@@ -203,12 +255,21 @@ def decide(
     Returns:
         A :class:`Decision`; the function has no side effects.
     """
-    if record is None or is_expired(record, now):
-        return Decision(Action.RUN, record, claim_write(fingerprint, token, policy), attempt=1)
+    if record is None:
+        return Decision(Action.RUN, None, claim_write(fingerprint, token, policy), attempt=1)
+    if is_expired(record, now):
+        return Decision(
+            Action.RUN,
+            record,
+            claim_write(fingerprint, token, policy),
+            attempt=1,
+            expect=Expect(record.token, State.COMPLETED, lapsed=True),
+        )
     if (
         fingerprint is not None
         and record.fingerprint is not None
         and fingerprint != record.fingerprint
+        and comparable(record.fingerprint, fingerprint)
     ):
         return Decision(Action.MISMATCH, record)
     state = record.state
@@ -220,10 +281,13 @@ def decide(
         lease_until = record.lease_until if record.lease_until is not None else now
         if lease_until > now:
             return Decision(Action.IN_FLIGHT, record, retry_after=lease_until - now)
+        lapsed = Expect(record.token, State.IN_PROGRESS, lapsed=True)
         attempts = record.attempts + 1  # the lapsed run counts as a failed attempt
         if attempts >= policy.max_attempts:
             error = record.error or "lease expired (the worker died or stalled)"
-            return Decision(Action.DEAD, record, dead_write(record, attempts, error, token))
+            return Decision(
+                Action.DEAD, record, dead_write(record, attempts, error, token), expect=lapsed
+            )
         return Decision(
             Action.RUN,
             record,
@@ -233,11 +297,16 @@ def decide(
                 payload=record.payload,
             ),
             attempt=attempts + 1,
+            expect=lapsed,
         )
     # FAILED
+    failed = Expect(record.token, State.FAILED)
     if record.attempts >= policy.max_attempts:
         return Decision(
-            Action.DEAD, record, dead_write(record, record.attempts, record.error, token)
+            Action.DEAD,
+            record,
+            dead_write(record, record.attempts, record.error, token),
+            expect=failed,
         )
     return Decision(
         Action.RUN,
@@ -248,6 +317,7 @@ def decide(
             payload=record.payload,
         ),
         attempt=record.attempts + 1,
+        expect=failed,
     )
 
 
@@ -304,3 +374,110 @@ def redrive_write(record: Record, token: int) -> Write:
         error=record.error,
         payload=record.payload,
     )
+
+
+INTERRUPTED = "the attempt did not finish (the worker stopped or lost the store)"
+
+
+def precount_write(
+    record: Record | None, now: float, fingerprint: str | None, policy: Policy, token: int
+) -> Decision:
+    """The mark that counts an attempt *before* it runs (``Inbox(precount_attempts=True)``).
+
+    Atomic mode commits nothing until the handler succeeds, so a message that kills the
+    worker would never be counted. The mark is a ``failed`` record under ``token`` whose
+    ``attempts`` include the attempt about to run; the run's transaction recognises its
+    own mark (:func:`precounted_run`) and overwrites it. Returns a decision whose
+    ``write`` is the mark (``None``: nothing to mark, the transaction decides alone:
+    completed, dead, a live claim, a mismatch, or attempts already at the limit).
+    """
+    if record is None or is_expired(record, now):
+        mark = Write(
+            state=State.FAILED,
+            token=token,
+            fingerprint=fingerprint,
+            attempts=1,
+            error=INTERRUPTED,
+        )
+        expect = None if record is None else Expect(record.token, State.COMPLETED, lapsed=True)
+        return Decision(Action.RUN, record, mark, attempt=1, expect=expect)
+    decided = decide(record, now, fingerprint, policy, token)
+    if (
+        decided.action is not Action.RUN
+        or record.state is not State.FAILED
+        or record.attempts >= policy.max_attempts
+    ):
+        return Decision(decided.action, record)
+    mark = Write(
+        state=State.FAILED,
+        token=token,
+        fingerprint=record.fingerprint,
+        attempts=record.attempts + 1,
+        error=INTERRUPTED,
+        payload=record.payload,
+        checkpoint=record.checkpoint,
+    )
+    return Decision(
+        Action.RUN,
+        record,
+        mark,
+        attempt=record.attempts + 1,
+        expect=Expect(record.token, State.FAILED),
+    )
+
+
+def precounted_run(record: Record, token: int, policy: Policy) -> Decision:
+    """Take the claim over this delivery's own precount mark ``record``.
+
+    The mark already counts the attempt, so the claim carries ``attempts - 1`` failed
+    attempts and a failure of this run brings the count back to the mark's.
+    """
+    return Decision(
+        Action.RUN,
+        record,
+        dataclasses.replace(
+            claim_write(record.fingerprint, token, policy, max(record.attempts - 1, 0)),
+            checkpoint=record.checkpoint,
+            payload=record.payload,
+        ),
+        attempt=record.attempts,
+        expect=Expect(record.token, State.FAILED),
+    )
+
+
+def uncount_write(record: Record) -> Write:
+    """Give back a precounted attempt that a transient store error interrupted."""
+    return Write(
+        state=State.FAILED,
+        token=record.token,
+        fingerprint=record.fingerprint,
+        attempts=max(record.attempts - 1, 0),
+        error=record.error,
+        payload=record.payload,
+        checkpoint=record.checkpoint,
+    )
+
+
+def recount_write(
+    record: Record | None, now: float, error: str, token: int, policy: Policy
+) -> tuple[Expect, Write] | None:
+    """Count a failure whose own conditional write lost to a concurrent writer.
+
+    Another run changed the record between our read and our failure write; our failed
+    attempt must still count, on the record as it is now, unless it has completed (a
+    success wins), is dead, or is held by a live claim. Returns the version to expect and
+    the write (a new token), or ``None`` when there is nothing to count on.
+    """
+    if record is None or record.state is not State.FAILED:
+        return None
+    attempts = record.attempts + 1
+    write = Write(
+        state=State.DEAD if attempts >= policy.max_attempts else State.FAILED,
+        token=token,
+        fingerprint=record.fingerprint,
+        attempts=attempts,
+        error=error,
+        payload=record.payload,
+        checkpoint=record.checkpoint,
+    )
+    return Expect(record.token, State.FAILED), write

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from onceonly._core.state import Record, State, Write
+from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError, InFlight
-from onceonly.types import Params, Snapshot
+from onceonly.types import Params, Snapshot, TxHealth
 
 __all__ = ["MemoryStore"]
 
@@ -63,6 +63,9 @@ class MemorySession:
     def execute(self, sql: str, params: Params = None) -> Any:
         raise ConfigurationError("the memory store has no SQL; use a SQL store for tx.execute()")
 
+    def health(self) -> TxHealth:
+        return TxHealth.OK
+
     # -- reads see this transaction's own writes first
     def _read(self, k: _Key) -> Record | None:
         if k in self._pending:
@@ -103,14 +106,15 @@ class MemorySession:
         with self._store._lock:
             return Snapshot(self._read((scope, key)), self._store.clock())
 
-    def update(self, scope: str, key: str, expect_token: int, write: Write) -> Record | None:
+    def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
         k = (scope, key)
         self._lock_key(k)
         with self._store._lock:
             current = self._read(k)
-            if current is None or current.token != expect_token:
+            now = self._store.clock()
+            if not expect.matches(current, now):
                 return None
-            record = apply_write(scope, key, write, self._store.clock(), current)
+            record = apply_write(scope, key, write, now, current)
             self._put(k, record)
             return record
 
@@ -128,13 +132,19 @@ class MemorySession:
             self._put(k, _replace(current, lease_until=until))
             return until
 
-    def save_checkpoint(self, scope: str, key: str, token: int, checkpoint: str) -> bool:
+    def save_checkpoint(
+        self, scope: str, key: str, token: int, checkpoint: str, lease_seconds: float | None = None
+    ) -> bool:
         k = (scope, key)
         with self._store._lock:
             current = self._read(k)
             if current is None or current.token != token or current.state is not State.IN_PROGRESS:
                 return False
-            self._put(k, _replace(current, checkpoint=checkpoint, updated_at=self._store.clock()))
+            now = self._store.clock()
+            until = current.lease_until if lease_seconds is None else now + lease_seconds
+            self._put(
+                k, _replace(current, checkpoint=checkpoint, updated_at=now, lease_until=until)
+            )
             return True
 
     # -- transaction end

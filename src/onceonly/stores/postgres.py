@@ -58,11 +58,18 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from onceonly._core.sql import qmark_to_format, validate_identifier
-from onceonly._core.state import Record, State, Write
+from onceonly._core.state import Expect, Record, State, Write
 from onceonly._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
 from onceonly._outbox_sql import OutboxSQL
-from onceonly.errors import ConfigurationError, InFlight, StoreError, StoreUnavailable
-from onceonly.types import Params, Snapshot
+from onceonly.errors import (
+    ConfigurationError,
+    InFlight,
+    StoreError,
+    StoreUnavailable,
+    TransactionAborted,
+    TransactionEnded,
+)
+from onceonly.types import Params, Snapshot, TxHealth
 
 __all__ = ["PostgresSession", "PostgresStore"]
 
@@ -160,6 +167,10 @@ def _update(source: str) -> str:
         "completed_at = CASE WHEN %s THEN n.ts END, "
         "expires_at = n.ts + make_interval(secs => %s) "
         f"FROM {source} WHERE r.scope = %s AND r.key = %s AND r.token = %s "
+        # The version the write was decided from (spec §2): the state too, and with
+        # ``lapsed`` that the lease (or expiry) has still run out on this statement's clock.
+        "AND r.state = %s AND (NOT %s OR CASE WHEN r.state = 'completed' "
+        "THEN r.expires_at <= n.ts ELSE coalesce(r.lease_until <= n.ts, true) END) "
         f"RETURNING {_STAMP}, date_part('epoch', r.created_at) AS created_at"
     )
 
@@ -174,7 +185,8 @@ def _renew(source: str) -> str:
 
 def _checkpoint(source: str) -> str:
     return (
-        "UPDATE {t} AS r SET checkpoint = %s, updated_at = n.ts "
+        "UPDATE {t} AS r SET checkpoint = %s, updated_at = n.ts, "
+        "lease_until = coalesce(n.ts + make_interval(secs => %s), r.lease_until) "
         f"FROM {source} WHERE r.scope = %s AND r.key = %s AND r.token = %s "
         "AND r.state = 'in_progress' RETURNING 1"
     )
@@ -402,6 +414,22 @@ class PostgresSession:
         """The psycopg connection; inside a transaction, never commit it yourself."""
         return self._conn
 
+    def health(self) -> TxHealth:
+        """The state of this session's transaction, from the connection (no round trip)."""
+        conn = self._conn
+        if conn.closed or conn.broken:
+            return TxHealth.LOST
+        if self._mode == _AUTOCOMMIT:
+            return TxHealth.OK
+        status = conn.pgconn.transaction_status
+        if status == _INERROR:
+            return TxHealth.ABORTED
+        if status == _IDLE and self._pending is None:
+            return TxHealth.ENDED  # our BEGIN (or the caller's) went out; now it is over
+        if status == TransactionStatus.UNKNOWN:
+            return TxHealth.LOST
+        return TxHealth.OK
+
     # -- the plumbing
 
     def _run(
@@ -511,9 +539,16 @@ class PostgresSession:
         assert row is not None  # the LEFT JOIN always yields one row
         return Snapshot(None if row[0] is None else _record(row), row[15])
 
-    def update(self, scope: str, key: str, expect_token: int, write: Write) -> Record | None:
-        """Store ``write`` if the record's token is still ``expect_token``; else ``None``."""
-        params = (*_write_values(scope, key, write)[2:], scope, key, expect_token)
+    def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
+        """Store ``write`` if the record is still the version ``expect``; else ``None``."""
+        params = (
+            *_write_values(scope, key, write)[2:],
+            scope,
+            key,
+            expect.token,
+            expect.state.value,
+            expect.lapsed,
+        )
         cur = self._run(self._q.update, params, scope, key)
         row = cur.fetchone()
         if row is None or row[0] is None:
@@ -537,9 +572,13 @@ class PostgresSession:
         row = cur.fetchone()
         return None if row is None else cast("float | None", row[0])
 
-    def save_checkpoint(self, scope: str, key: str, token: int, checkpoint: str) -> bool:
-        """Store ``checkpoint`` on the ``in_progress`` claim held under ``token``."""
-        cur = self._run(self._q.checkpoint, (checkpoint, scope, key, token), scope, key)
+    def save_checkpoint(
+        self, scope: str, key: str, token: int, checkpoint: str, lease_seconds: float | None = None
+    ) -> bool:
+        """Store ``checkpoint`` on the ``in_progress`` claim held under ``token``; with
+        ``lease_seconds`` the lease is extended too (a checkpoint is a sign of life)."""
+        lease = None if lease_seconds is None else float(lease_seconds)
+        cur = self._run(self._q.checkpoint, (checkpoint, lease, scope, key, token), scope, key)
         row = cur.fetchone()
         return row is not None and row[0] is not None
 
@@ -549,16 +588,21 @@ class PostgresSession:
         if self._mode == _JOINED and self._pending is not None:
             return  # nothing was sent: nothing to release
         conn = self._conn
-        status = conn.pgconn.transaction_status
-        if status == _INERROR:
+        health = self.health()
+        if health is TxHealth.ABORTED:
             # COMMIT of a failed transaction silently rolls back: never report success.
             self._rollback()
-            raise StoreError("a statement failed inside the transaction; it was rolled back")
+            raise TransactionAborted(
+                "a statement failed inside the transaction; it was rolled back"
+            )
+        if health is TxHealth.ENDED:
+            raise TransactionEnded("the transaction was committed or rolled back by its user")
+        if health is TxHealth.LOST:
+            raise StoreUnavailable("the connection was lost before the commit")
         if self._mode == _JOINED:
-            if self._pending is None:
-                with _DriverErrors():
-                    conn.execute(_RELEASE_SAVEPOINT)
-        elif status != _IDLE:
+            with _DriverErrors():
+                conn.execute(_RELEASE_SAVEPOINT)
+        elif conn.pgconn.transaction_status != _IDLE:
             with _DriverErrors():
                 conn.commit()
 
@@ -647,6 +691,9 @@ class PostgresStore:
                 max_size=max_size,
                 timeout=timeout,
                 kwargs={"autocommit": True},  # transactions send BEGIN themselves
+                # a connection the server dropped while idle (idle timeout, restart,
+                # failover) is replaced at checkout, not handed to a claim or completion
+                check=ConnectionPool.check_connection,
                 open=open_now,
                 name=f"onceonly:{table}",
             )

@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import threading
@@ -25,15 +26,22 @@ from contextlib import contextmanager
 from typing import Any
 
 from onceonly._core.sql import validate_identifier
-from onceonly._core.state import Record, State, Write
+from onceonly._core.state import Expect, Record, State, Write
 from onceonly._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
 from onceonly._outbox_sql import OutboxSQL
-from onceonly.errors import ConfigurationError, InFlight, StoreError, StoreUnavailable
-from onceonly.types import Params, Snapshot
+from onceonly.errors import (
+    ConfigurationError,
+    InFlight,
+    StoreError,
+    StoreUnavailable,
+    TransactionEnded,
+)
+from onceonly.types import Params, Snapshot, TxHealth
 
 __all__ = ["SQLiteStore"]
 
 SCHEMA_VERSION = 1
+_MAX_BUSY_MS = 2**31 - 1
 _COLUMNS = (
     "scope, key, state, fingerprint, token, attempts, lease_until, result, error, payload, "
     "checkpoint, created_at, updated_at, completed_at, expires_at"
@@ -99,12 +107,22 @@ def _errors(*, begin: bool = False) -> Iterator[None]:
         raise StoreError(f"SQLite failed: {exc}") from exc
 
 
+def _busy_timeout_ms(lock_wait: float) -> int:
+    """``lock_wait`` seconds as SQLite's busy timeout (an int of milliseconds; inf: the max)."""
+    if math.isnan(lock_wait) or lock_wait < 0:
+        raise ConfigurationError(f"lock_wait must be a number of seconds, not {lock_wait!r}")
+    return _MAX_BUSY_MS if math.isinf(lock_wait) else min(int(lock_wait * 1000), _MAX_BUSY_MS)
+
+
 class SQLiteSession:
     """One SQLite connection, inside a transaction or in autocommit."""
 
-    def __init__(self, store: SQLiteStore, conn: sqlite3.Connection) -> None:
+    def __init__(
+        self, store: SQLiteStore, conn: sqlite3.Connection, *, transactional: bool = False
+    ) -> None:
         self._store = store
         self._conn = conn
+        self._transactional = transactional
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -112,6 +130,12 @@ class SQLiteSession:
 
     def execute(self, sql: str, params: Params = None) -> sqlite3.Cursor:
         return self._conn.execute(sql, tuple(params) if params is not None else ())
+
+    def health(self) -> TxHealth:
+        """ENDED when the transaction this session began (or joined) is over."""
+        if self._transactional and not self._conn.in_transaction:
+            return TxHealth.ENDED
+        return TxHealth.OK
 
     def claim(self, scope: str, key: str, write: Write) -> Snapshot:
         while True:
@@ -137,11 +161,21 @@ class SQLiteSession:
             ).fetchone()
         return _record(row) if row else None
 
-    def update(self, scope: str, key: str, expect_token: int, write: Write) -> Record | None:
+    def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
+        now = self._store.clock()
         with _errors():
             row = self._conn.execute(
                 self._store._q["update"],
-                (*_row_values(write, self._store.clock()), scope, key, expect_token),
+                (
+                    *_row_values(write, now),
+                    scope,
+                    key,
+                    expect.token,
+                    expect.state.value,
+                    expect.lapsed,
+                    now,
+                    now,
+                ),
             ).fetchone()
         return _record(row) if row else None
 
@@ -153,10 +187,14 @@ class SQLiteSession:
             ).fetchone()
         return float(row[0]) if row else None
 
-    def save_checkpoint(self, scope: str, key: str, token: int, checkpoint: str) -> bool:
+    def save_checkpoint(
+        self, scope: str, key: str, token: int, checkpoint: str, lease_seconds: float | None = None
+    ) -> bool:
+        now = self._store.clock()
+        until = None if lease_seconds is None else now + lease_seconds
         with _errors():
             row = self._conn.execute(
-                self._store._q["checkpoint"], (checkpoint, self._store.clock(), scope, key, token)
+                self._store._q["checkpoint"], (checkpoint, until, now, scope, key, token)
             ).fetchone()
         return row is not None
 
@@ -221,14 +259,17 @@ class SQLiteStore:
                 f"UPDATE {t} SET state = ?, fingerprint = ?, token = ?, attempts = ?,"
                 " lease_until = ?, result = ?, error = ?, payload = ?, checkpoint = ?,"
                 " updated_at = ?, completed_at = ?, expires_at = ?"
-                f" WHERE scope = ? AND key = ? AND token = ? RETURNING {cols}"
+                " WHERE scope = ? AND key = ? AND token = ? AND state = ? AND (? = 0 OR CASE"
+                " WHEN state = 'completed' THEN expires_at <= ? ELSE coalesce(lease_until <= ?, 1)"
+                f" END) RETURNING {cols}"
             ),
             "renew": (
                 f"UPDATE {t} SET lease_until = ?, updated_at = ? WHERE scope = ? AND key = ?"
                 " AND token = ? AND state = 'in_progress' RETURNING lease_until"
             ),
             "checkpoint": (
-                f"UPDATE {t} SET checkpoint = ?, updated_at = ? WHERE scope = ? AND key = ?"
+                f"UPDATE {t} SET checkpoint = ?, lease_until = coalesce(?, lease_until),"
+                " updated_at = ? WHERE scope = ? AND key = ?"
                 " AND token = ? AND state = 'in_progress' RETURNING token"
             ),
         }
@@ -323,14 +364,18 @@ class SQLiteStore:
         conn = self._acquire()
         try:
             with _errors(begin=True):
-                conn.execute(f"PRAGMA busy_timeout = {int(lock_wait * 1000)}")
+                conn.execute(f"PRAGMA busy_timeout = {_busy_timeout_ms(lock_wait)}")
                 conn.execute("BEGIN IMMEDIATE")
+            session = SQLiteSession(self, conn, transactional=True)
             try:
-                yield SQLiteSession(self, conn)
+                yield session
             except BaseException:
                 if conn.in_transaction:
                     conn.rollback()
                 raise
+            if session.health() is not TxHealth.OK:
+                # COMMIT now would report writes that are not ours to report
+                raise TransactionEnded("the transaction was ended inside the session")
             with _errors():
                 conn.commit()
         finally:
@@ -348,12 +393,16 @@ class SQLiteStore:
             )
         name = f"onceonly_{threading.get_ident()}_{time.monotonic_ns()}"
         conn.execute(f"SAVEPOINT {name}")
+        session = SQLiteSession(self, conn, transactional=True)
         try:
-            yield SQLiteSession(self, conn)
+            yield session
         except BaseException:
-            conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
-            conn.execute(f"RELEASE SAVEPOINT {name}")
+            if conn.in_transaction:
+                conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
+                conn.execute(f"RELEASE SAVEPOINT {name}")
             raise
+        if session.health() is not TxHealth.OK:
+            raise TransactionEnded("the caller's transaction was ended inside the session")
         conn.execute(f"RELEASE SAVEPOINT {name}")
 
     @contextmanager

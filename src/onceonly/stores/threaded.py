@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from onceonly._core.state import Record, Write
-from onceonly.types import Params, Session, Snapshot, Store
+from onceonly._core.state import Expect, Record, Write
+from onceonly.types import Params, Session, Snapshot, Store, TxHealth
 
 __all__ = ["ThreadedAsyncStore"]
 
@@ -59,14 +59,17 @@ class ThreadedAsyncSession:
         cursor = await self._run(self._session.execute, sql, params)
         return ThreadedAsyncCursor(cursor, self._run)
 
+    def health(self) -> TxHealth:
+        return self._session.health()
+
     async def claim(self, scope: str, key: str, write: Write) -> Snapshot:
         return await self._run(self._session.claim, scope, key, write)
 
     async def get(self, scope: str, key: str) -> Snapshot:
         return await self._run(self._session.get, scope, key)
 
-    async def update(self, scope: str, key: str, expect_token: int, write: Write) -> Record | None:
-        return await self._run(self._session.update, scope, key, expect_token, write)
+    async def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
+        return await self._run(self._session.update, scope, key, expect, write)
 
     async def insert(self, scope: str, key: str, write: Write) -> Record | None:
         return await self._run(self._session.insert, scope, key, write)
@@ -74,8 +77,12 @@ class ThreadedAsyncSession:
     async def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
         return await self._run(self._session.renew, scope, key, token, lease_seconds)
 
-    async def save_checkpoint(self, scope: str, key: str, token: int, checkpoint: str) -> bool:
-        return await self._run(self._session.save_checkpoint, scope, key, token, checkpoint)
+    async def save_checkpoint(
+        self, scope: str, key: str, token: int, checkpoint: str, lease_seconds: float | None = None
+    ) -> bool:
+        return await self._run(
+            self._session.save_checkpoint, scope, key, token, checkpoint, lease_seconds
+        )
 
 
 class ThreadedAsyncStore:
