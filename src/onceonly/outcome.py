@@ -64,7 +64,9 @@ def seconds(
         raise ConfigurationError(f"{what} must be a number of seconds, not {value!r}") from None
     if not out > 0:
         raise ConfigurationError(f"{what} must be positive, not {value!r}")
-    if out > MAX_SECONDS and not (allow_inf and out == float("inf")):
+    if out > MAX_SECONDS and allow_inf:
+        return float("inf")  # a wait that long is no limit
+    if out > MAX_SECONDS:
         raise ConfigurationError(
             f"{what} must be at most {MAX_SECONDS:.0f} seconds (about 100 years), not "
             f"{value!r}" + ("; use None to keep it for ever" if what == "ttl" else "")

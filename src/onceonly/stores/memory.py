@@ -78,7 +78,8 @@ class MemorySession:
         lock = self._store._key_lock(k)
         if lock in self._held:
             return
-        if not lock.acquire(timeout=self._lock_wait):
+        wait = -1 if self._lock_wait == float("inf") else self._lock_wait  # -1: no limit
+        if not lock.acquire(timeout=wait):
             raise InFlight(
                 "another transaction holds this key", scope=k[0], key=k[1], retry_after=None
             )
