@@ -352,7 +352,9 @@ def leased(url: str, table: str, run: str) -> tuple[Callable[[str], object], Any
     store = onceonly.open_store(url, table=table, min_size=1, max_size=1)
     store.migrate()
 
-    @onceonly.idempotent(store, key=lambda order_id: f"charge:{run}:{order_id}")
+    @onceonly.idempotent(
+        store, key=lambda order_id: f"charge:{run}:{order_id}", scope="bench.charge"
+    )
     def charge(order_id: str) -> dict[str, str]:
         return {"payment": f"pay-{order_id}"}
 

@@ -33,7 +33,9 @@ def main(path: str) -> None:
     store.migrate()
     provider = FakeProvider()
 
-    @onceonly.idempotent(store, key=lambda order: f"charge:{order.id}", ttl=timedelta(days=7))
+    @onceonly.idempotent(
+        store, key=lambda order: f"charge:{order.id}", scope="billing.charge", ttl=timedelta(days=7)
+    )
     def charge(order: Order) -> dict[str, str]:
         claim = onceonly.current_claim()
         if "charged" not in claim.checkpoints:  # resume after a crash

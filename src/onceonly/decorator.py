@@ -1,5 +1,14 @@
 # SPDX-License-Identifier: MIT
-"""``@idempotent``: leased mode for plain functions, sync or async."""
+"""``@idempotent``: leased mode for plain functions, sync or async.
+
+The scope (the namespace of the keys) defaults to ``module.qualname`` only where that
+name is stable and names one function: never for a function made inside another
+function or a lambda (every function a factory makes would share one name, so one
+tenant could be replayed another's result) and never in ``__main__`` (the same
+function imported under its real module name would get other records). Those need an
+explicit ``scope=``; without one, decorating raises :class:`~onceonly.ConfigurationError`
+(docs/spec.md §1.7).
+"""
 
 from __future__ import annotations
 
@@ -27,6 +36,36 @@ R = TypeVar("R")
 
 def _is_async_store(store: object) -> bool:
     return inspect.iscoroutinefunction(getattr(store, "migrate", None))
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or repr(fn))
+
+
+def _default_scope(fn: Callable[..., Any]) -> str:
+    """``module.qualname`` of ``fn``, or :class:`ConfigurationError` where it is unsafe."""
+    qualname = getattr(fn, "__qualname__", None)
+    module = getattr(fn, "__module__", None)
+    if not isinstance(qualname, str) or not isinstance(module, str):
+        raise ConfigurationError(
+            f"{fn!r} has no module and qualified name to scope its keys: "
+            "pass idempotent(..., scope='name') naming what it does"
+        )
+    name = f"{module}.{qualname}"
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise ConfigurationError(
+            f"{name} is a lambda or is defined inside a function: every function made "
+            "there would share one scope and replay each other's results. Pass "
+            "idempotent(..., scope='...') with a name unique to this function (include "
+            "the tenant or whatever the factory varies)"
+        )
+    if module == "__main__":
+        raise ConfigurationError(
+            f"{name} is defined in __main__: its default scope would change when the "
+            "module is imported under its own name, and every key would run again. Pass "
+            "idempotent(..., scope='...') with a stable name"
+        )
+    return name
 
 
 def _return_type(fn: Callable[..., Any]) -> Any:
@@ -62,7 +101,7 @@ class _Idempotent:
         self.scope = scope
         self.ttl = None if ttl is None else seconds(ttl, what="ttl")
         self.policy = Policy(seconds(lease, what="lease"), max_attempts)
-        self.wait = seconds(wait, what="wait")
+        self.wait = seconds(wait, what="wait", allow_inf=True)
         self.fingerprint = fingerprint
         self.check_arguments = check_arguments
         self.cache_errors = cache_errors
@@ -80,7 +119,19 @@ class _Idempotent:
         return fingerprint_of(arguments), arguments
 
     def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
-        scope = validate_key(self.scope or f"{fn.__module__}.{fn.__qualname__}", what="scope")
+        is_async = inspect.iscoroutinefunction(fn)
+        if is_async and not _is_async_store(self.store):
+            raise ConfigurationError(
+                f"{_name(fn)} is async: give idempotent() an async store "
+                "(onceonly.open_async_store)"
+            )
+        if not is_async and _is_async_store(self.store):
+            raise ConfigurationError(
+                f"{_name(fn)} is sync: give idempotent() a sync store (onceonly.open_store)"
+            )
+        scope = validate_key(
+            self.scope if self.scope is not None else _default_scope(fn), what="scope"
+        )
         sig = inspect.signature(fn)
         opts: dict[str, Any] = {
             "scope": scope,
@@ -91,12 +142,7 @@ class _Idempotent:
             "max_result_bytes": self.max_result_bytes,
             "result_type": _return_type(fn),
         }
-        if inspect.iscoroutinefunction(fn):
-            if not _is_async_store(self.store):
-                raise ConfigurationError(
-                    f"{fn.__qualname__} is async: give idempotent() an async store "
-                    "(onceonly.open_async_store)"
-                )
+        if is_async:
             arunner = AsyncLeasedRunner(self.store, **opts)
 
             @functools.wraps(fn)
@@ -107,10 +153,6 @@ class _Idempotent:
                 return result
 
             return awrapper
-        if _is_async_store(self.store):
-            raise ConfigurationError(
-                f"{fn.__qualname__} is sync: give idempotent() a sync store (onceonly.open_store)"
-            )
         runner = LeasedRunner(self.store, **opts)
 
         @functools.wraps(fn)
@@ -147,7 +189,9 @@ def idempotent(
     Args:
         store: a store from :func:`onceonly.open_store` / :func:`onceonly.open_async_store`.
         key: computes the idempotency key from the call's arguments.
-        scope: the namespace of the keys (default: the function's qualified name).
+        scope: the namespace of the keys. The default, ``module.qualname``, is refused
+            for lambdas, functions defined inside functions and functions in
+            ``__main__``: pass a stable name unique to the function there.
         ttl: how long a completed result is replayed (``None``: for ever).
         lease: how long a claim is held without renewal before another call may take it.
         max_attempts: failed runs after which the key is dead-lettered.
@@ -161,7 +205,9 @@ def idempotent(
         A decorator keeping the function's signature.
 
     Raises:
-        ConfigurationError: a sync function with an async store, or the reverse.
+        ConfigurationError: a sync function with an async store, or the reverse; no
+            ``scope`` for a lambda, a function defined inside a function or a function
+            in ``__main__`` (raised when decorating).
 
     .. versionadded:: 0.1
     """

@@ -58,6 +58,8 @@ def seconds(
         if allow_none:
             return float("inf")
         raise ConfigurationError(f"{what} is required")
+    if isinstance(value, (bool, str, bytes)):
+        raise ConfigurationError(f"{what} must be a number of seconds, not {value!r}")
     try:
         out = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
     except (TypeError, ValueError, OverflowError):

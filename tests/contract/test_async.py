@@ -49,7 +49,7 @@ async def test_async_idempotent_concurrent_calls_run_once(async_store: Any) -> N
     """Ten concurrent calls with one key run the coroutine once and all get its result."""
     calls: list[int] = []
 
-    @onceonly.idempotent(async_store, key=lambda n: f"k{n}", lease=5, wait=5)
+    @onceonly.idempotent(async_store, key=lambda n: f"k{n}", scope="work", lease=5, wait=5)
     async def work(n: int) -> int:
         calls.append(n)
         await asyncio.sleep(0.05)
@@ -63,7 +63,7 @@ async def test_async_idempotent_concurrent_calls_run_once(async_store: Any) -> N
 async def test_async_checkpoint(async_store: Any) -> None:
     """current_async_claim().checkpoint() saves a recovery point under the claim."""
 
-    @onceonly.idempotent(async_store, key=lambda: "k", lease=5)
+    @onceonly.idempotent(async_store, key=lambda: "k", scope="work", lease=5)
     async def work() -> dict[str, Any]:
         claim = onceonly.current_async_claim()
         await claim.checkpoint("step1", {"x": 1})

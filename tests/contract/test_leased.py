@@ -25,7 +25,7 @@ def test_runs_once_and_replays(store: Any) -> None:
     """The function runs once per key; duplicates return the stored result."""
     calls: list[int] = []
 
-    @onceonly.idempotent(store, key=lambda order, amount: f"charge:{order}")
+    @onceonly.idempotent(store, key=lambda order, amount: f"charge:{order}", scope="charge")
     def charge(order: str, amount: int) -> dict[str, int]:
         calls.append(amount)
         return {"amount": amount}
@@ -39,7 +39,7 @@ def test_runs_once_and_replays(store: Any) -> None:
 def test_dataclass_results_replay_as_dataclasses(store: Any) -> None:
     """A dataclass return annotation rebuilds the replayed result as that dataclass."""
 
-    @onceonly.idempotent(store, key=lambda order: order)
+    @onceonly.idempotent(store, key=lambda order: order, scope="charge")
     def charge(order: str) -> Receipt:
         return Receipt(order, 5)
 
@@ -50,7 +50,7 @@ def test_dataclass_results_replay_as_dataclasses(store: Any) -> None:
 def test_other_arguments_same_key_is_mismatch(store: Any) -> None:
     """The same key with other arguments raises PayloadMismatch."""
 
-    @onceonly.idempotent(store, key=lambda order, amount: order)
+    @onceonly.idempotent(store, key=lambda order, amount: order, scope="charge")
     def charge(order: str, amount: int) -> int:
         return amount
 
@@ -63,7 +63,7 @@ def test_failure_propagates_and_retries(store: Any) -> None:
     """A raising function re-raises; the next call runs it again."""
     calls: list[int] = []
 
-    @onceonly.idempotent(store, key=lambda n: str(n), max_attempts=2)
+    @onceonly.idempotent(store, key=lambda n: str(n), scope="flaky", max_attempts=2)
     def flaky(n: int) -> int:
         calls.append(onceonly.current_claim().attempt)
         raise KeyError("nope")
@@ -83,7 +83,7 @@ def test_live_claim_is_in_flight_for_others(store_factory: Any) -> None:
     store.migrate()
     started, release = threading.Event(), threading.Event()
 
-    @onceonly.idempotent(store, key=lambda: "k", lease=5, wait=0.2)
+    @onceonly.idempotent(store, key=lambda: "k", scope="slow", lease=5, wait=0.2)
     def slow() -> str:
         started.set()
         release.wait(5)
@@ -129,7 +129,7 @@ def test_heartbeat_keeps_a_long_call_alive(store: Any) -> None:
     """A call longer than its lease keeps the claim through renewal."""
     calls: list[int] = []
 
-    @onceonly.idempotent(store, key=lambda: "long", lease=0.3, wait=0.05)
+    @onceonly.idempotent(store, key=lambda: "long", scope="long", lease=0.3, wait=0.05)
     def long_call() -> str:
         calls.append(1)
         time.sleep(1.0)
@@ -188,7 +188,7 @@ def test_round_trips_new_key_and_replay(sql_store: Any) -> None:
 
         return wrapper
 
-    @onceonly.idempotent(sql_store, key=lambda n: str(n), lease=30)
+    @onceonly.idempotent(sql_store, key=lambda n: str(n), scope="double", lease=30)
     def f(n: int) -> int:
         return n * 2
 

@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: MIT
-"""``?`` to ``%s`` placeholder translation and SQL identifier validation."""
+"""``?`` to ``%s`` placeholder translation and SQL identifier validation
+(docs/sql-placeholders.md)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import onceonly
@@ -34,10 +37,52 @@ CASES = [
     ("percent-s-literal", "SELECT '%s', %s, ?", "SELECT '%%s', %%s, %s", 1),
     ("percent-in-identifier", 'SELECT "50%" FROM t', 'SELECT "50%%" FROM t', 0),
     ("percent-in-comments", "-- 100%\nSELECT 1 /* 5% */", "-- 100%%\nSELECT 1 /* 5%% */", 0),
-    ("unterminated-string", "SELECT 'a ? b", "SELECT 'a ? b", 0),
-    ("unterminated-comment", "SELECT ? /* open ?", "SELECT %s /* open ?", 1),
     ("minus-not-comment", "SELECT 5 - ?", "SELECT 5 - %s", 1),
     ("slash-not-comment", "SELECT 6 / ?", "SELECT 6 / %s", 1),
+    ("adjacent-strings", "SELECT 'a' 'b?' , ?", "SELECT 'a' 'b?' , %s", 1),
+    ("empty-string", "SELECT '', ?, ''''", "SELECT '', %s, ''''", 1),
+    ("backslash-in-plain-string", r"SELECT 'C:\', ?", r"SELECT 'C:\', %s", 1),
+    ("e-string-backslash-quote", r"SELECT E'it\'s ?', ?", r"SELECT E'it\'s ?', %s", 1),
+    ("e-string-lowercase", r"SELECT e'\\', ?, e'a\'?'", r"SELECT e'\\', %s, e'a\'?'", 1),
+    ("e-string-doubled-quote", "SELECT E'it''s ?', ?", "SELECT E'it''s ?', %s", 1),
+    ("e-string-percent", r"SELECT E'5%\'', ?", r"SELECT E'5%%\'', %s", 1),
+    ("word-ending-in-e-is-no-e-string", r"SELECT name'\', ?", r"SELECT name'\', %s", 1),
+    (
+        "national-and-bit-strings",
+        "SELECT N'?', B'01', X'1F', ?",
+        "SELECT N'?', B'01', X'1F', %s",
+        1,
+    ),
+    ("unicode-escape-string", r"SELECT U&'d\0061?', ?", r"SELECT U&'d\0061?', %s", 1),
+    ("dollar-quoted", "SELECT $$it's ? %$$, ?", "SELECT $$it's ? %%$$, %s", 1),
+    ("dollar-tag", "SELECT $fn$ $$ ' ? $fn$, ?", "SELECT $fn$ $$ ' ? $fn$, %s", 1),
+    ("dollar-tag-unicode", "SELECT $é_1$ ? $é_1$ , ?", "SELECT $é_1$ ? $é_1$ , %s", 1),
+    (
+        "dollar-body",
+        "CREATE FUNCTION f() RETURNS int AS $body$ SELECT 1 -- ?\n $body$ LANGUAGE sql; ?",
+        "CREATE FUNCTION f() RETURNS int AS $body$ SELECT 1 -- ?\n $body$ LANGUAGE sql; %s",
+        1,
+    ),
+    ("dollar-tags-are-case-sensitive", "SELECT $a$ $A$ ? $a$, ?", "SELECT $a$ $A$ ? $a$, %s", 1),
+    ("positional-parameter-is-no-quote", "SELECT $1, ?, $2", "SELECT $1, %s, $2", 1),
+    ("dollar-inside-identifier", "SELECT a$b$ , ? , c$$", "SELECT a$b$ , %s , c$$", 1),
+    ("dollar-after-number", "SELECT 1$$?$$, ?", "SELECT 1$$?$$, %s", 1),
+    ("quoted-identifier-quotes", """SELECT "it's", ?, "$$" """, """SELECT "it's", %s, "$$" """, 1),
+    ("line-comment-quote", "SELECT ? -- it's\n, ?", "SELECT %s -- it's\n, %s", 2),
+    ("line-comment-carriage-return", "SELECT 1 -- ?\r?", "SELECT 1 -- ?\r%s", 1),
+    ("line-comment-at-end", "SELECT ? -- ?", "SELECT %s -- ?", 1),
+    ("nested-block-comment", "/* a /* ? */ ? */ SELECT ?", "/* a /* ? */ ? */ SELECT %s", 1),
+    ("block-comment-quote", "/* it's */ SELECT ?", "/* it's */ SELECT %s", 1),
+    (
+        "jsonb-key-exists",
+        "SELECT data ?? 'k' FROM t WHERE id = ?",
+        "SELECT data ? 'k' FROM t WHERE id = %s",
+        1,
+    ),
+    ("jsonb-key-exists-param", "WHERE data ?? ?", "WHERE data ? %s", 1),
+    ("jsonb-any-all", "WHERE d ??| ? AND d ??& ?", "WHERE d ?| %s AND d ?& %s", 2),
+    ("question-marks-pair-from-the-left", "SELECT ???", "SELECT ?%s", 1),
+    ("double-question-in-string", "SELECT '??', ?", "SELECT '??', %s", 1),
 ]
 
 
@@ -49,23 +94,104 @@ def test_qmark_to_format(sql: str, expected: str, count: int) -> None:
     assert qmark_to_format(sql) == expected
 
 
-@pytest.mark.parametrize(("sql", "count"), [(c[1], c[3]) for c in CASES], ids=[c[0] for c in CASES])
-def test_qmark_to_format_is_what_format_style_drivers_expect(sql: str, count: int) -> None:
+# what the driver runs, where the case writes ?? for a literal ?
+RUNS = {
+    "jsonb-key-exists": "SELECT data ? 'k' FROM t WHERE id = ?",
+    "jsonb-key-exists-param": "WHERE data ? ?",
+    "jsonb-any-all": "WHERE d ?| ? AND d ?& ?",
+    "question-marks-pair-from-the-left": "SELECT ??",
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "sql", "count"), [(c[0], c[1], c[3]) for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_qmark_to_format_is_what_format_style_drivers_expect(
+    case: str, sql: str, count: int
+) -> None:
     """Formatting the output (as psycopg does) with '?' for each %s gives the SQL back."""
-    assert qmark_to_format(sql) % (("?",) * count) == sql
+    assert qmark_to_format(sql) % (("?",) * count) == RUNS.get(case, sql)
+
+
+def _formatted(out: str) -> str:
+    """``out`` %-formatted with '?' for each parameter."""
+    return re.sub(r"%[%s]", lambda m: "%" if m.group() == "%%" else "?", out)
+
+
+# (id, malformed SQL, what the error names)
+MALFORMED = [
+    ("unterminated-string", "SELECT 'a ? b", "string literal"),
+    ("unterminated-string-after-doubled-quote", "SELECT 'it''", "string literal"),
+    ("unterminated-e-string", r"SELECT E'it\'s ?", "escape string"),
+    ("e-string-trailing-backslash", "SELECT E'abc\\", "escape string"),
+    ("unterminated-identifier", 'SELECT "odd?col', "quoted identifier"),
+    ("unterminated-dollar-quote", "SELECT $$ ? ", "dollar-quoted"),
+    ("unterminated-dollar-tag", "SELECT $fn$ ? $$ $FN$", r"dollar-quoted string \(\$fn\$"),
+    ("unterminated-comment", "SELECT ? /* open ?", "block comment"),
+    ("unterminated-nested-comment", "SELECT 1 /* a /* b */ ?", "block comment"),
+]
+
+
+@pytest.mark.parametrize(("sql", "what"), [c[1:] for c in MALFORMED], ids=[c[0] for c in MALFORMED])
+def test_qmark_to_format_rejects_malformed_sql(sql: str, what: str) -> None:
+    """An unterminated literal, identifier or comment is a ConfigurationError naming it."""
+    with pytest.raises(onceonly.ConfigurationError, match=f"unterminated {what}"):
+        qmark_to_format(sql)
 
 
 _SQL_TOKENS = st.sampled_from(
-    ["?", "%", "'a?%'", "'it''s'", '"c?%"', "-- c?%\n", "/* c?% */", " ", "x", "- ", "/", "1"]
+    [
+        "?",
+        "??",
+        "%",
+        "%s",
+        "'a?%'",
+        "'it''s'",
+        "''",
+        r"E'\'?%'",
+        r"e'\\'",
+        "E'a''?'",
+        "$$ ' ? % $$",
+        "$q$ $$ ? $q$",
+        "$1",
+        "a$b$",
+        '"c?%"',
+        '"a""?"',
+        "-- c?%'\n",
+        "/* c?% */",
+        "/* a /* ? */ ' */",
+        "x",
+        "E",
+        "-",
+        "/",
+        "1",
+    ]
 )
 
 
 @given(st.lists(_SQL_TOKENS, max_size=20))
+@example(["E", "'it''s'"])
 def test_qmark_to_format_round_trips(tokens: list[str]) -> None:
-    """For any well-formed SQL, %-formatting the output with '?' restores the input."""
-    sql = "".join(tokens)
+    """For well-formed SQL, %-formatting the output with '?' gives the input, ?? read as ?."""
+    sql = " ".join(tokens)
     out = qmark_to_format(sql)
-    assert out % (("?",) * tokens.count("?")) == sql
+    expected = " ".join("?" if t == "??" else t for t in tokens)
+    assert out % (("?",) * tokens.count("?")) == expected
+
+
+_ANY_SQL = st.text(alphabet=st.sampled_from("?%'\"$-/*\\\nEeab_1 é")) | st.text()
+
+
+@given(_ANY_SQL)
+def test_qmark_to_format_never_raises_anything_else(sql: str) -> None:
+    """Any text either translates to well-formed format SQL or is a ConfigurationError."""
+    try:
+        out = qmark_to_format(sql)
+    except onceonly.ConfigurationError:
+        return
+    assert re.fullmatch(r"(?:[^%]|%%|%s)*", out, re.DOTALL)  # psycopg accepts it
+    ran = _formatted(out)
+    assert ran == sql or ("??" in sql and len(ran) < len(sql))
 
 
 @pytest.mark.parametrize(

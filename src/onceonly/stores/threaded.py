@@ -1,25 +1,41 @@
 # SPDX-License-Identifier: MIT
 """An async face for a sync store (SQLite, memory): every operation runs in a thread.
 
-A transaction is pinned to one worker thread for its whole life, because a SQLite
-connection inside a transaction belongs to the thread that began it and because the
-memory store holds per-key locks across the transaction.
+Invariants:
+
+* A transaction (or session) is pinned to one worker thread for its whole life,
+  because a SQLite connection inside a transaction belongs to the thread that began it
+  and because the memory store holds per-key locks across the transaction.
+* The event loop never waits for that thread: not on entry (``BEGIN IMMEDIATE`` may
+  wait ``lock_wait`` for SQLite's write lock), not on exit, not on cancellation.
+* A cancelled task does not wait for its thread either: the rollback is queued behind
+  whatever the thread is still running (a statement, or the ``BEGIN`` it was waiting
+  on) and runs there, so the connection goes back to the pool without an open
+  transaction. An ordinary exception waits for the rollback, so the caller can write
+  again at once.
+* A caller's ``sqlite3.Connection`` is used from the worker thread, so it must be
+  opened with ``check_same_thread=False``; otherwise :class:`~onceonly.ConfigurationError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from onceonly._core.state import Expect, Record, Write
+from onceonly.errors import ConfigurationError
 from onceonly.types import Params, Session, Snapshot, Store, TxHealth
 
 __all__ = ["ThreadedAsyncStore"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class ThreadedAsyncCursor:
@@ -100,26 +116,74 @@ class ThreadedAsyncStore:
         await asyncio.to_thread(self.sync.migrate)
 
     @asynccontextmanager
-    async def _pinned(self, factory: Callable[[], Any]) -> AsyncIterator[ThreadedAsyncSession]:
-        loop = asyncio.get_running_loop()
-        with concurrent.futures.ThreadPoolExecutor(1, "onceonly-store") as executor:
+    async def _pinned(
+        self, factory: Callable[[], Any], connection: Any = None
+    ) -> AsyncIterator[ThreadedAsyncSession]:
+        # Not ``with ThreadPoolExecutor()``: its exit joins the thread on the event loop.
+        executor = concurrent.futures.ThreadPoolExecutor(1, "onceonly-store")
+        try:
             cm = factory()
-            session = await loop.run_in_executor(executor, cm.__enter__)
+            entering = executor.submit(_enter, cm, connection)
+            try:
+                session = await asyncio.wrap_future(entering)
+            except asyncio.CancelledError:
+                executor.submit(_abandon, cm, entering)
+                raise
             try:
                 yield ThreadedAsyncSession(session, executor)
+            except asyncio.CancelledError as exc:
+                executor.submit(_exit_quietly, cm, exc)
+                raise
             except BaseException as exc:
-                if not await loop.run_in_executor(
-                    executor, cm.__exit__, type(exc), exc, exc.__traceback__
-                ):
+                exiting = executor.submit(cm.__exit__, type(exc), exc, exc.__traceback__)
+                if not await asyncio.shield(asyncio.wrap_future(exiting)):
                     raise
             else:
-                await loop.run_in_executor(executor, cm.__exit__, None, None, None)
+                exiting = executor.submit(cm.__exit__, None, None, None)
+                await asyncio.shield(asyncio.wrap_future(exiting))
+        finally:
+            executor.shutdown(wait=False)  # the thread ends once its queue is done
 
     def transaction(self, connection: Any = None, *, lock_wait: float = 5.0) -> Any:
-        return self._pinned(lambda: self.sync.transaction(connection, lock_wait=lock_wait))
+        return self._pinned(
+            lambda: self.sync.transaction(connection, lock_wait=lock_wait), connection
+        )
 
     def session(self) -> Any:
         return self._pinned(self.sync.session)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.sync.close)
+
+
+def _enter(cm: Any, connection: Any) -> Any:
+    """Enter ``cm`` on the worker thread, after checking that a caller's connection may
+    be used there."""
+    if isinstance(connection, sqlite3.Connection):
+        try:
+            connection.cursor().close()
+        except sqlite3.ProgrammingError as exc:
+            if "thread" in str(exc):
+                raise ConfigurationError(
+                    "the async face of the SQLite store runs your connection's statements "
+                    "on a worker thread: open the connection with "
+                    "sqlite3.connect(..., check_same_thread=False)"
+                ) from exc
+            raise ConfigurationError(f"the connection passed in is unusable: {exc}") from exc
+    return cm.__enter__()
+
+
+def _abandon(cm: Any, entering: concurrent.futures.Future[Any]) -> None:
+    """Run on the worker thread after ``entering``: undo an entry nobody awaits any more."""
+    if entering.cancelled() or entering.exception() is not None:
+        return
+    _exit_quietly(cm, asyncio.CancelledError())
+
+
+def _exit_quietly(cm: Any, exc: BaseException) -> None:
+    """Exit ``cm`` with ``exc`` (rolling it back) on the worker thread; nobody awaits it."""
+    try:
+        cm.__exit__(type(exc), exc, exc.__traceback__)
+    except BaseException as err:
+        if err is not exc:
+            log.warning("rolling back a cancelled transaction failed", exc_info=err)
