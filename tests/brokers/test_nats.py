@@ -137,7 +137,7 @@ async def settled(env: Env, deliveries: int | None = None) -> bool:
 
 def consumer(env: Env, store: Any, handler: Any, **options: Any) -> NatsConsumer:
     """A consumer of this test's stream; short polls so that stop() returns quickly."""
-    inbox = onceonly.AsyncInbox(
+    inbox = options.pop("inbox", None) or onceonly.AsyncInbox(
         store, consumer="billing", max_attempts=options.pop("max_attempts", 5)
     )
     options.setdefault("poll_timeout", 0.25)
@@ -501,3 +501,174 @@ async def test_fetch_returning_more_than_asked_is_handled(env: Env, store: Any) 
 
 async def _has_sub(c: NatsConsumer) -> bool:
     return c._sub is not None
+
+
+# -- settlement: every delivery ends acked, retried with backoff, or dead-lettered ---------
+
+
+class Declined(Exception):
+    """A business error the inbox caches (cache_errors=): the key's final outcome."""
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+@pytest.mark.parametrize("depth", [600, 10_000])
+async def test_deeply_nested_body_is_dead_lettered_and_the_consumer_goes_on(
+    env: Env, store: Any, tmp_path: Path, depth: int
+) -> None:
+    """JSON nested too deep (RecursionError decoding or fingerprinting): dead-lettered unrun."""
+    calls: list[str] = []
+
+    async def handler(payload: Any, tx: AsyncTx) -> None:
+        calls.append(tx.key)
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
+
+    await env.js.publish(env.subject, nested(depth), headers={"Nats-Msg-Id": "m-deep"})
+    await env.send({"n": 1}, msg_id="m-1")
+    async with consumer(env, store, handler):
+        await eventually(lambda: settled(env, deliveries=2))
+    [dead] = await env.dead_letters()
+    assert dead.data == nested(depth)
+    headers = dead.headers or {}
+    assert headers["onceonly-dead-reason"] == "undecodable"
+    assert "RecursionError" in headers["onceonly-error"]
+    assert calls == ["m-1"]
+    assert committed_ledger(tmp_path) == ["m-1"]
+
+
+async def test_cached_error_is_acked_and_replayed_not_retried(env: Env, store: Any) -> None:
+    """cache_errors: the error completes the key, so the message and its duplicate are acked."""
+    await env.js.update_stream(
+        StreamConfig(name=env.stream, subjects=[env.subject], duplicate_window=0.1)
+    )
+    calls: list[int | None] = []
+
+    async def handler(payload: Any, tx: AsyncTx) -> None:
+        calls.append(tx.delivery.delivery_count if tx.delivery else None)
+        raise Declined("card declined")
+
+    inbox = onceonly.AsyncInbox(store, consumer="billing", cache_errors=(Declined,))
+    async with consumer(env, store, handler, inbox=inbox):
+        await env.send({"n": 1}, msg_id="m-1")
+        await eventually(lambda: settled(env, deliveries=1))
+        await asyncio.sleep(0.2)  # past the duplicate window: a second message
+        await env.send({"n": 1}, msg_id="m-1")
+        await eventually(lambda: settled(env, deliveries=2))
+        await asyncio.sleep(0.3)  # nothing comes back
+        assert await settled(env, deliveries=2)
+    assert calls == [1]
+    assert await env.dead_letters() == []
+
+
+@pytest.mark.parametrize(
+    "transient",
+    [
+        lambda: onceonly.StoreUnavailable("connection lost"),
+        lambda: onceonly.InFlight("held elsewhere", retry_after=0.01),
+    ],
+    ids=["store-unavailable", "in-flight"],
+)
+async def test_transient_errors_are_retried_without_counting(
+    env: Env, store: Any, tmp_path: Path, transient: Callable[[], Exception]
+) -> None:
+    """Four StoreUnavailable/InFlight: retried with backoff, no redelivery, no attempt used."""
+    seen: list[tuple[int | None, int]] = []
+
+    async def handler(payload: Any, tx: AsyncTx) -> None:
+        seen.append((tx.delivery.delivery_count if tx.delivery else None, tx.attempt))
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
+
+    inbox = onceonly.AsyncInbox(store, consumer="billing")
+    real = inbox.process
+    failures = [transient() for _ in range(4)]
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(*args, **kwargs)
+
+    inbox.process = flaky  # type: ignore[method-assign]
+    await env.send({"n": 1}, msg_id="m-1")
+    async with consumer(env, store, handler, inbox=inbox, retry_delay=0.05, max_deliveries=2):
+        await eventually(lambda: settled(env, deliveries=1))
+    assert seen == [(1, 1)]  # delivered once: JetStream's count never moved
+    assert committed_ledger(tmp_path) == ["m-1"]
+    assert await env.dead_letters() == []
+
+
+@pytest.mark.parametrize("case", ["too-large", "unencodable"])
+async def test_result_too_large_or_unencodable_is_dead_lettered(
+    env: Env, store: Any, case: str
+) -> None:
+    """TooLarge / EncodingError from the inbox: dead-lettered after one run, not retried."""
+    calls: list[str] = []
+
+    async def handler(payload: Any, tx: AsyncTx) -> Any:
+        calls.append(tx.key)
+        return "x" * 100 if case == "too-large" else object()
+
+    inbox = onceonly.AsyncInbox(store, consumer="billing", max_result_bytes=16)
+    await env.send({"n": 1}, msg_id="m-1")
+    async with consumer(env, store, handler, inbox=inbox):
+        await eventually(lambda: settled(env, deliveries=1))
+    [dead] = await env.dead_letters()
+    assert (dead.headers or {})["onceonly-dead-reason"] == case
+    assert calls == ["m-1"]
+
+
+async def test_dead_letter_error_header_is_bounded_and_clean(env: Env, store: Any) -> None:
+    """An error text with NUL, CR/LF, a lone surrogate and 3000 characters: a safe header."""
+    calls = 0
+
+    async def handler(payload: Any, tx: AsyncTx) -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError("bad\x00amount\r\n\ud800" + "é" * 3000)
+
+    await env.send({"n": 1}, msg_id="m-1")
+    async with consumer(env, store, handler, retry_delay=0.01, max_deliveries=2):
+        await eventually(lambda: settled(env, deliveries=2))
+    [dead] = await env.dead_letters()
+    headers = dead.headers or {}
+    error = headers["onceonly-error"]
+    assert isinstance(error, str)  # ASCII: a non-ASCII value would come back as a Header
+    assert error.startswith("ValueError: bad amount  \\ufffd\\xe9\\xe9")
+    assert error.isascii()
+    assert error.isprintable()
+    assert len(error) <= 1024
+    assert headers["onceonly-dead-reason"] in ("max-deliveries", "dead-lettered")
+    assert calls == 2
+
+
+async def test_worker_killed_by_its_handler_is_dead_lettered_after_max_deliveries(
+    env: Env, store: Any, tmp_path: Path
+) -> None:
+    """A handler that kills the worker (nothing commits): dead-lettered unrun on delivery 4."""
+    from tests.brokers._crash_consumer import EXIT_IN_HANDLER, crash_loop, runs
+
+    await env.send({"n": 1}, msg_id="m-poison")
+    config = {
+        "broker": "nats",
+        "url": NATS_URL,
+        "stream": env.stream,
+        "subject": env.subject,
+        "durable": DURABLE,
+        "db": str(tmp_path / "x.db"),
+        "runs": str(tmp_path / "runs"),
+        "max_deliveries": 3,
+    }
+
+    async def dead_letters() -> int:
+        return len(await env.dead_letters())
+
+    exits = await crash_loop(config, dead_letters)
+    assert exits == [EXIT_IN_HANDLER] * 3
+    assert runs(tmp_path / "runs") == [1, 2, 3]
+    [dead] = await env.dead_letters()
+    headers = dead.headers or {}
+    assert headers["onceonly-dead-reason"] == "max-deliveries"
+    assert headers["onceonly-message-id"] == "m-poison"
+    assert committed_ledger(tmp_path) == []
+    assert await settled(env, deliveries=4)

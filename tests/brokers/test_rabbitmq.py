@@ -561,3 +561,226 @@ async def test_publisher_recovers_after_a_network_loss(broker: Broker) -> None:
             break
     assert delivered
     assert [m.body for m in await broker.take(queue)] == [b"1", b"2"]
+
+
+# --- settlement: every delivery ends acked, retried with backoff, or dead-lettered -------
+
+
+class Declined(Exception):
+    """A business error the inbox caches (cache_errors=): the key's final outcome."""
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def spy_acks(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    acked: list[str | None] = []
+    original_ack = aio_pika.IncomingMessage.ack
+
+    async def ack(self: aio_pika.IncomingMessage, multiple: bool = False) -> None:
+        await original_ack(self, multiple)
+        acked.append(self.message_id)
+
+    monkeypatch.setattr(aio_pika.IncomingMessage, "ack", ack)
+    return acked
+
+
+@pytest.mark.parametrize("depth", [600, 10_000])
+async def test_deeply_nested_body_is_dead_lettered_and_the_consumer_goes_on(
+    broker: Broker, db: Db, depth: int
+) -> None:
+    """JSON nested too deep (RecursionError decoding or fingerprinting): dead-lettered unrun."""
+    queue = broker.name()
+    calls: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
+        calls.append(tx.key)
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
+
+    async with consumer(db, handler, queue, concurrency=1):
+        await broker.publish(queue, nested(depth), message_id="m-deep")
+        await broker.publish(queue, {"n": 1}, message_id="m-1")
+        await until_count(broker, f"{queue}.dead", 1)
+        await until(lambda: calls == ["m-1"])
+    [dead] = await broker.take(f"{queue}.dead")
+    assert dead.body == nested(depth)
+    assert dead.headers["onceonly-dead-reason"] == "undecodable"
+    assert "RecursionError" in dead.headers["onceonly-error"]
+    assert db.ledger() == ["m-1"]
+    assert await broker.count(queue) == 0
+
+
+async def test_cached_error_is_acked_and_replayed_not_retried(
+    broker: Broker, db: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cache_errors: the error completes the key, so the message and its duplicate are acked."""
+    queue = broker.name()
+    acked = spy_acks(monkeypatch)
+    calls: list[int | None] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
+        calls.append(tx.delivery.delivery_count if tx.delivery else None)
+        raise Declined("card declined")
+
+    inbox = db.inbox(cache_errors=(Declined,))
+    async with consumer(db, handler, queue, inbox=inbox):
+        await broker.publish(queue, {"n": 1}, message_id="m-1")
+        await until(lambda: acked == ["m-1"])
+        await broker.publish(queue, {"n": 1}, message_id="m-1")  # the duplicate: replayed
+        await until(lambda: acked == ["m-1", "m-1"])
+        await asyncio.sleep(0.3)  # nothing comes back
+    assert calls == [1]
+    assert acked == ["m-1", "m-1"]
+    assert await broker.count(queue) == 0
+    assert await broker.count(f"{queue}.dead") == 0
+
+
+@pytest.mark.parametrize(
+    "transient",
+    [
+        lambda: onceonly.StoreUnavailable("connection lost"),
+        lambda: onceonly.InFlight("held elsewhere", retry_after=0.01),
+    ],
+    ids=["store-unavailable", "in-flight"],
+)
+async def test_transient_errors_are_retried_without_counting(
+    broker: Broker, db: Db, transient: Callable[[], Exception]
+) -> None:
+    """Four StoreUnavailable/InFlight: retried with backoff, no redelivery, no attempt used."""
+    queue = broker.name()
+    seen: list[tuple[int | None, int]] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
+        seen.append((tx.delivery.delivery_count if tx.delivery else None, tx.attempt))
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
+
+    inbox = db.inbox()
+    real = inbox.process
+    failures = [transient() for _ in range(4)]
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(*args, **kwargs)
+
+    inbox.process = flaky  # type: ignore[method-assign]
+    async with consumer(db, handler, queue, inbox=inbox, retry_delay=0.05, max_deliveries=2):
+        await broker.publish(queue, {"n": 1}, message_id="m-1")
+        await until(lambda: db.ledger() == ["m-1"])
+        await until_count(broker, queue, 0)
+    assert seen == [(1, 1)]  # delivered once: the broker's count never moved
+    assert await broker.count(f"{queue}.dead") == 0
+
+
+@pytest.mark.parametrize("case", ["too-large", "unencodable"])
+async def test_result_too_large_or_unencodable_is_dead_lettered(
+    broker: Broker, db: Db, case: str
+) -> None:
+    """TooLarge / EncodingError from the inbox: dead-lettered after one run, not retried."""
+    queue = broker.name()
+    calls: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
+        calls.append(tx.key)
+        return "x" * 100 if case == "too-large" else object()
+
+    inbox = db.inbox(max_result_bytes=16)
+    async with consumer(db, handler, queue, inbox=inbox):
+        await broker.publish(queue, {"n": 1}, message_id="m-1")
+        await until_count(broker, f"{queue}.dead", 1)
+    [dead] = await broker.take(f"{queue}.dead")
+    assert dead.headers["onceonly-dead-reason"] == case
+    assert calls == ["m-1"]
+    assert await broker.count(queue) == 0
+
+
+async def test_dead_letter_error_header_is_bounded_and_clean(broker: Broker, db: Db) -> None:
+    """An error text with NUL, CR/LF, a lone surrogate and 3000 characters: a safe header."""
+    queue = broker.name()
+    calls = 0
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
+        nonlocal calls
+        calls += 1
+        raise ValueError("bad\x00amount\r\n\ud800" + "é" * 3000)
+
+    async with consumer(db, handler, queue, retry_delay=0.01, max_deliveries=2):
+        await broker.publish(queue, {"n": 1}, message_id="m-1")
+        await until_count(broker, f"{queue}.dead", 1)
+    [dead] = await broker.take(f"{queue}.dead")
+    error = dead.headers["onceonly-error"]
+    assert isinstance(error, str)
+    assert error.startswith("ValueError: bad amount")
+    assert not any(c in error for c in "\x00\r\n\ud800")
+    assert len(error) <= 1000
+    assert dead.headers["onceonly-dead-reason"] in ("max-deliveries", "dead-lettered")
+    assert calls == 2
+    assert await broker.count(queue) == 0
+
+
+async def test_worker_killed_by_its_handler_is_dead_lettered_after_max_deliveries(
+    broker: Broker, db: Db
+) -> None:
+    """A handler that kills the worker (nothing commits): dead-lettered unrun on delivery 4."""
+    from tests.brokers._crash_consumer import EXIT_IN_HANDLER, crash_loop, runs
+
+    queue = broker.name()
+    channel = await broker.chan()
+    await channel.declare_queue(f"{queue}.dead", durable=True, arguments={"x-queue-type": "quorum"})
+    await channel.declare_queue(
+        queue,
+        durable=True,
+        arguments={
+            "x-queue-type": "quorum",
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": f"{queue}.dead",
+        },
+    )
+    await broker.publish(queue, {"n": 1}, message_id="m-poison")
+    config = {
+        "broker": "rabbitmq",
+        "url": AMQP_URL,
+        "queue": queue,
+        "db": str(db.path),
+        "runs": str(db.path.parent / "runs"),
+        "max_deliveries": 3,
+    }
+    exits = await crash_loop(config, lambda: broker.count(f"{queue}.dead"))
+    assert exits == [EXIT_IN_HANDLER] * 3
+    assert runs(db.path.parent / "runs") == [1, 2, 3]
+    [dead] = await broker.take(f"{queue}.dead")
+    assert dead.headers["onceonly-dead-reason"] == "max-deliveries"
+    assert dead.headers["onceonly-message-id"] == "m-poison"
+    # the poison's own count (3) is not copied: a redrive starts counting afresh
+    assert dead.headers.get("x-delivery-count") in (None, 0)
+    assert db.ledger() == []
+    assert await broker.count(queue) == 0
+
+
+async def test_stop_during_a_store_outage_hands_the_message_back_at_once(
+    broker: Broker, db: Db
+) -> None:
+    """A message retried in place while the store is down is requeued as soon as stop() runs."""
+    queue = broker.name()
+    tries: list[float] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
+        raise AssertionError("never runs")
+
+    inbox = db.inbox()
+
+    async def down(*args: Any, **kwargs: Any) -> Any:
+        tries.append(asyncio.get_running_loop().time())
+        raise onceonly.StoreUnavailable("connection refused")
+
+    inbox.process = down  # type: ignore[method-assign]
+    c = consumer(db, handler, queue, inbox=inbox, retry_delay=0.05, max_backoff=30.0)
+    c.shutdown_timeout = 30.0
+    async with c:
+        await broker.publish(queue, {"n": 1}, message_id="m-1")
+        await until(lambda: len(tries) >= 3)
+        stopping = asyncio.get_running_loop().time()
+    assert asyncio.get_running_loop().time() - stopping < 5  # not shutdown_timeout
+    await until_count(broker, queue, 1)  # handed back, not acked, not dead-lettered
+    assert await broker.count(f"{queue}.dead") == 0

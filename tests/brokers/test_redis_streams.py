@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import time
@@ -14,6 +15,8 @@ from typing import Any
 
 import pytest
 import redis.asyncio
+from hypothesis import given
+from hypothesis import strategies as st
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
@@ -22,6 +25,7 @@ from onceonly.brokers.redis_streams import (
     RedisStreamsConsumer,
     RedisStreamsPublisher,
     StreamEntry,
+    _message_id,
 )
 from onceonly.errors import PublishError
 from onceonly.messaging import OutboxMessage
@@ -530,3 +534,239 @@ async def test_cancelled_run_rolls_back_and_leaves_the_entry_pending(
         await task
     assert await ledger(store) == []
     assert await pending(r, stream) == 1
+
+
+# -- settlement: every delivery ends acked, retried with backoff, or dead-lettered ---------
+
+
+class Declined(Exception):
+    """A business error the inbox caches (cache_errors=): the key's final outcome."""
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+async def dead_letters(r: redis.asyncio.Redis, stream: str) -> list[tuple[dict[bytes, Any], Any]]:
+    """The dead-letter entries: (fields, decoded headers)."""
+    return [(f, json.loads(f[b"headers"])) for _, f in await r.xrange(f"{stream}.dead")]
+
+
+@pytest.mark.parametrize("depth", [600, 10_000])
+async def test_deeply_nested_body_is_dead_lettered_and_the_consumer_goes_on(
+    r: redis.asyncio.Redis, prefix: str, store: Any, depth: int
+) -> None:
+    """JSON nested too deep (RecursionError decoding or fingerprinting): dead-lettered unrun."""
+    stream = f"{prefix}in"
+    await r.xadd(stream, {"id": "m-deep", "payload": nested(depth)})
+    await r.xadd(stream, {"id": "m-1", "payload": "{}"})
+    calls: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        calls.append(tx.key)
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
+
+    async with consumer(r, onceonly.AsyncInbox(store, consumer="svc"), handler, stream):
+        await eventually(lambda: drained(r, stream))
+    [(fields, headers)] = await dead_letters(r, stream)
+    assert fields[b"payload"] == nested(depth)
+    assert fields[b"id"] == b"m-deep"
+    assert headers["onceonly-dead-reason"] == "undecodable"
+    assert "RecursionError" in headers["onceonly-error"]
+    assert calls == ["m-1"]
+    assert await ledger(store) == ["m-1"]
+
+
+async def test_cached_error_is_acked_and_replayed_not_retried(
+    r: redis.asyncio.Redis, prefix: str, store: Any
+) -> None:
+    """cache_errors: the error completes the key, so the entry and its duplicate are acked."""
+    stream = f"{prefix}in"
+    async with RedisStreamsPublisher(connection=r, stream_prefix=prefix) as pub:
+        await pub.publish(message("m-1", {"n": 1}))
+        await pub.publish(message("m-1", {"n": 1}))  # the duplicate: replayed
+    calls: list[int | None] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        calls.append(tx.delivery.delivery_count if tx.delivery else None)
+        raise Declined("card declined")
+
+    inbox = onceonly.AsyncInbox(store, consumer="svc", cache_errors=(Declined,))
+    async with consumer(r, inbox, handler, stream, concurrency=1):
+        await eventually(lambda: drained(r, stream))
+        await asyncio.sleep(0.3)  # nothing comes back
+    assert calls == [1]
+    assert await pending(r, stream) == 0
+    assert not await r.exists(f"{stream}.dead")
+
+
+@pytest.mark.parametrize(
+    "transient",
+    [
+        lambda: onceonly.StoreUnavailable("connection lost"),
+        lambda: onceonly.InFlight("held elsewhere", retry_after=0.01),
+    ],
+    ids=["store-unavailable", "in-flight"],
+)
+async def test_transient_errors_are_retried_without_counting(
+    r: redis.asyncio.Redis, prefix: str, store: Any, transient: Callable[[], Exception]
+) -> None:
+    """Four StoreUnavailable/InFlight: retried with backoff, no redelivery, no attempt used."""
+    stream = f"{prefix}in"
+    await r.xadd(stream, {"id": "m-1", "payload": "{}"})
+    seen: list[tuple[int | None, int]] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        seen.append((tx.delivery.delivery_count if tx.delivery else None, tx.attempt))
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
+
+    inbox = onceonly.AsyncInbox(store, consumer="svc")
+    real = inbox.process
+    failures = [transient() for _ in range(4)]
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(*args, **kwargs)
+
+    inbox.process = flaky  # type: ignore[method-assign]
+    async with consumer(r, inbox, handler, stream, max_deliveries=2):
+        await eventually(lambda: drained(r, stream))
+    assert seen == [(1, 1)]  # delivered once: Redis's count never moved
+    assert await ledger(store) == ["m-1"]
+    assert not await r.exists(f"{stream}.dead")
+
+
+@pytest.mark.parametrize("case", ["too-large", "unencodable"])
+async def test_result_too_large_or_unencodable_is_dead_lettered(
+    r: redis.asyncio.Redis, prefix: str, store: Any, case: str
+) -> None:
+    """TooLarge / EncodingError from the inbox: dead-lettered after one run, not retried."""
+    stream = f"{prefix}in"
+    await r.xadd(stream, {"id": "m-1", "payload": "{}"})
+    calls: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
+        calls.append(tx.key)
+        return "x" * 100 if case == "too-large" else object()
+
+    inbox = onceonly.AsyncInbox(store, consumer="svc", max_result_bytes=16)
+    async with consumer(r, inbox, handler, stream):
+        await eventually(lambda: drained(r, stream))
+    [(_, headers)] = await dead_letters(r, stream)
+    assert headers["onceonly-dead-reason"] == case
+    assert calls == ["m-1"]
+
+
+async def test_dead_letter_error_header_is_bounded_and_clean(
+    r: redis.asyncio.Redis, prefix: str, store: Any
+) -> None:
+    """An error text with NUL, CR/LF, a lone surrogate and 3000 characters: a safe header."""
+    stream = f"{prefix}in"
+    await r.xadd(stream, {"id": "m-1", "payload": "{}"})
+    calls = 0
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError("bad\x00amount\r\n\ud800" + "é" * 3000)
+
+    inbox = onceonly.AsyncInbox(store, consumer="svc")
+    async with consumer(r, inbox, handler, stream, retry_delay=0.01, max_deliveries=2):
+        await eventually(lambda: drained(r, stream))
+    [(_, headers)] = await dead_letters(r, stream)
+    error = headers["onceonly-error"]
+    assert error.startswith("ValueError: bad amount")
+    assert not any(c in error for c in "\x00\r\n\ud800")
+    assert len(error) <= 1000
+    assert headers["onceonly-dead-reason"] in ("max-deliveries", "dead-lettered")
+    assert calls == 2
+
+
+async def test_worker_killed_by_its_handler_is_dead_lettered_after_max_deliveries(
+    r: redis.asyncio.Redis, prefix: str, store: Any, tmp_path: Path
+) -> None:
+    """A handler that kills the worker (nothing commits): dead-lettered unrun on delivery 4."""
+    from tests.brokers._crash_consumer import EXIT_IN_HANDLER, crash_loop, runs
+
+    stream = f"{prefix}in"
+    await r.xadd(stream, {"id": "m-poison", "payload": "{}"})
+    config = {
+        "broker": "redis",
+        "url": REDIS_URL,
+        "stream": stream,
+        "db": str(tmp_path / "x.db"),
+        "runs": str(tmp_path / "runs"),
+        "max_deliveries": 3,
+    }
+
+    async def count() -> int:
+        return len(await dead_letters(r, stream))
+
+    exits = await crash_loop(config, count)
+    assert exits == [EXIT_IN_HANDLER] * 3
+    assert runs(tmp_path / "runs") == [1, 2, 3]
+    [(fields, headers)] = await dead_letters(r, stream)
+    assert headers["onceonly-dead-reason"] == "max-deliveries"
+    assert fields[b"id"] == b"m-poison"
+    assert await ledger(store) == []
+    assert await pending(r, stream) == 0
+
+
+async def test_non_utf8_message_ids_stay_distinct(
+    r: redis.asyncio.Redis, prefix: str, store: Any
+) -> None:
+    """Ids b'\\xff', b'\\xfe', and the text of b'\\xff''s b64: form are three messages."""
+    stream = f"{prefix}in"
+    ids = [b"\xff", b"\xfe", b"b64:/w==", b"plain"]
+    for n, raw in enumerate(ids):
+        await r.xadd(stream, {"id": raw, "payload": json.dumps({"n": n})})
+    keys: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        keys.append(tx.key)
+
+    inbox = onceonly.AsyncInbox(store, consumer="svc")
+    async with consumer(r, inbox, handler, stream, concurrency=1):
+        await eventually(lambda: drained(r, stream))
+    assert keys == ["b64:/w==", "b64:/g==", "b64:YjY0Oi93PT0=", "plain"]
+    assert not await r.exists(f"{stream}.dead")
+
+
+async def test_dead_letter_keeps_a_non_utf8_id_as_it_came(
+    r: redis.asyncio.Redis, prefix: str, store: Any
+) -> None:
+    """A dead letter carries the entry's own id bytes (its b64: key in the header)."""
+    stream = f"{prefix}in"
+    await r.xadd(stream, {"id": b"\xff\x00", "payload": nested(10_000)})
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        raise AssertionError("never runs")
+
+    async with consumer(r, onceonly.AsyncInbox(store, consumer="svc"), handler, stream):
+        await eventually(lambda: drained(r, stream))
+    [(fields, headers)] = await dead_letters(r, stream)
+    assert fields[b"id"] == b"\xff\x00"
+    assert headers["onceonly-dead-reason"] == "undecodable"
+
+
+def original_id(message_id: str) -> bytes:
+    """The id bytes a message id was made from (the inverse of _message_id)."""
+    if message_id.startswith("b64:"):
+        return base64.b64decode(message_id[4:], validate=True)
+    return message_id.encode("utf-8")
+
+
+@given(st.binary(max_size=40), st.binary(max_size=40))
+def test_message_id_decoding_is_injective(a: bytes, b: bytes) -> None:
+    """Distinct id bytes give distinct message ids, and each maps back to its bytes."""
+    assert original_id(_message_id(a)) == a
+    if a != b:
+        assert _message_id(a) != _message_id(b)
+
+
+@given(st.text(max_size=40).filter(lambda t: not t.startswith("b64:")))
+def test_message_id_keeps_valid_utf8_text(text: str) -> None:
+    """A valid UTF-8 id not starting with b64: is its own message id (as bytes or str)."""
+    assert _message_id(text.encode("utf-8")) == text
+    assert _message_id(text) == text

@@ -1,65 +1,80 @@
 # SPDX-License-Identifier: MIT
-"""What every broker consumer shares: message ids, decoding, and the settlement rule.
+"""What every broker consumer shares: message ids, decoding, and processing one delivery.
 
-A consumer turns each delivery into ``inbox.process(message_id, payload, handler)``
-and settles it with the broker by the :class:`Verdict` that :func:`settle` returns:
+A consumer hands each delivery to :meth:`Deliveries.process`, which returns a
+:class:`Settlement`; the consumer then settles the delivery with its broker by the
+settlement's :class:`~onceonly._core.settle.Verdict` (the table is in
+:mod:`onceonly._core.settle`, the same for every broker):
 
-* ``ACK`` — processed (or replayed): acknowledge. Only after the commit.
-* ``RETRY`` — the handler failed, a concurrent duplicate is in flight, or the store is
-  unavailable: leave the message for redelivery (nack / nak / no ack).
-* ``DEAD`` — the key is dead-lettered, reuses a key with another payload, or has no
-  usable id: publish it to the dead-letter destination with the reason, then ack.
-  Never a silent drop.
+* ``ACK`` — processed, replayed, or completed with a cached error: acknowledge. Only
+  after the inbox's commit.
+* ``RETRY`` — the handler failed (or something unexpected did): hand the message back
+  to the broker after ``delay`` (nack / nak / fetch again), which counts the delivery.
+  A transient error (``StoreUnavailable``, ``InFlight``) is retried here instead, with
+  backoff, while the consumer keeps the message: the broker's delivery count does not
+  move and the inbox's attempts are not consumed. Such a ``RETRY`` reaches the
+  consumer only when it is stopping (hand the message back at once).
+* ``DEAD_LETTER`` — publish to the dead-letter destination with the reason and the
+  error, then ack. Never a silent drop.
+
+Nothing a delivery raises escapes unsettled: a body that cannot be decoded (a JSON
+document nested too deep raises ``RecursionError``) or a message id that cannot be
+found is dead-lettered; a handler's exception is retried and counted.
+
+A message the broker has delivered more than ``max_deliveries`` times is
+dead-lettered without being decoded or handled. This is what ends a poison message
+that kills the worker: in atomic mode such a crash commits nothing, so the inbox's
+attempts never move, but the broker's count does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
+import contextlib
 import json
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from onceonly._core.keys import content_key, validate_key
-from onceonly.errors import (
-    DeadLettered,
-    InFlight,
-    InvalidKey,
-    MissingMessageId,
-    PayloadMismatch,
-    StoreError,
+from onceonly._core.settle import (
+    ACK,
+    Action,
+    Backoff,
+    Stage,
+    Verdict,
+    admit,
+    header_text,
+    verdict,
 )
+from onceonly.errors import ConfigurationError, InvalidKey, MissingMessageId
 from onceonly.inbox_async import AsyncInbox, AsyncTx
 from onceonly.messaging import Delivery
 from onceonly.outcome import Outcome
 
-__all__ = ["Handler", "MessageIds", "Settlement", "Verdict", "decode_body", "settle"]
+__all__ = [
+    "DELIVERY_MARGIN",
+    "Deliveries",
+    "Handler",
+    "InFlightTracker",
+    "MessageIds",
+    "Settlement",
+    "decode_body",
+    "default_max_deliveries",
+    "pause",
+    "unexpected",
+]
 
 log = logging.getLogger("onceonly.brokers")
 
 Handler = Callable[[Any, AsyncTx], Awaitable[Any]]
 
-
-class Verdict(str, enum.Enum):
-    """How a consumer settles a delivery with its broker."""
-
-    ACK = "ack"
-    RETRY = "retry"
-    DEAD = "dead"
-
-
-@dataclass(frozen=True)
-class Settlement:
-    """The verdict for one delivery, with what the dead-letter message must carry."""
-
-    verdict: Verdict
-    outcome: Outcome[Any] | None = None
-    reason: str | None = None  # dead: "dead-lettered", "payload-mismatch", "invalid-id"
-    error: str | None = None
-    attempts: int | None = None
-    retry_after: float | None = None
+#: Deliveries allowed beyond the inbox's ``max_attempts`` by default: one to learn
+#: that the key is dead, the rest for deliveries that end without a verdict (a crash,
+#: a stop past ``shutdown_timeout``, a lost connection).
+DELIVERY_MARGIN = 5
 
 
 class MessageIds:
@@ -82,7 +97,7 @@ class MessageIds:
     def resolve(self, broker_id: str | None, payload: Any) -> str:
         """The message id; raises InvalidKey / MissingMessageId when there is none."""
         if broker_id:
-            return validate_key(broker_id, what="message id")
+            return _valid(broker_id)
         fb = self.fallback
         if fb is None:
             raise MissingMessageId(
@@ -97,60 +112,230 @@ class MessageIds:
                 raise MissingMessageId(
                     f"the message has no broker id and no {fb!r} field in its payload"
                 )
-            return validate_key(str(value), what="message id")
-        return validate_key(fb(payload), what="message id")
+            return _valid(str(value))
+        return _valid(fb(payload))
+
+
+def _valid(message_id: object) -> str:
+    key = validate_key(message_id, what="message id")
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in key):
+        raise InvalidKey("message id contains a lone surrogate (it is not valid UTF-8)")
+    return key
 
 
 def decode_body(body: bytes) -> Any:
-    """JSON bodies decode to their value; anything else stays bytes."""
+    """JSON bodies decode to their value; anything else stays bytes.
+
+    A JSON document nested too deep for the decoder raises ``RecursionError``: the
+    consumer dead-letters it as ``undecodable`` (keeping it as bytes would only fail
+    later, when the inbox fingerprints it).
+    """
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return bytes(body)
 
 
-async def settle(
-    inbox: AsyncInbox,
-    handler: Handler,
-    ids: MessageIds,
-    broker_id: str | None,
-    payload: Any,
-    delivery: Callable[[str], Delivery],
-) -> Settlement:
-    """Process one delivery through ``inbox`` and say how to settle it.
+def default_max_deliveries(inbox: AsyncInbox) -> int:
+    """The inbox's ``max_attempts`` plus :data:`DELIVERY_MARGIN`."""
+    policy = getattr(inbox, "policy", None)
+    attempts = getattr(policy, "max_attempts", None)
+    return (attempts if isinstance(attempts, int) else 5) + DELIVERY_MARGIN
+
+
+async def pause(stop: asyncio.Event | None, delay: float) -> bool:
+    """Sleep ``delay`` seconds unless ``stop`` is set first; return whether it is set."""
+    if stop is None:
+        await asyncio.sleep(delay)
+        return False
+    if stop.is_set():
+        return True
+    try:
+        await asyncio.wait_for(stop.wait(), max(delay, 0.0))
+    except asyncio.TimeoutError:  # a distinct class on 3.10
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """How to settle one delivery, with what the dead letter and the logs need.
+
+    Attributes:
+        verdict: the action, reason, error text and delay.
+        message_id: the message id, once known (for a dead letter before decoding, the
+            broker's id if it is a valid key).
+        outcome: the inbox's outcome, on ACK after processing.
+    """
+
+    verdict: Verdict
+    message_id: str | None = None
+    outcome: Outcome[Any] | None = None
+
+    @property
+    def action(self) -> Action:
+        return self.verdict.action
+
+    @property
+    def replayed(self) -> bool:
+        return self.outcome is not None and self.outcome.replayed
+
+
+class Deliveries:
+    """Processes deliveries through an inbox and says how to settle each (shared by
+    every consumer).
 
     Args:
         inbox: the consumer's inbox.
         handler: ``async handler(payload, tx)``.
         ids: the message-id policy.
-        broker_id: the id the broker carried, if any.
-        payload: the decoded body.
-        delivery: builds the :class:`Delivery` once the message id is known.
-
-    Cancellation (a shutdown that cannot wait) propagates: the transaction rolls back
-    and the broker redelivers.
+        max_deliveries: the most deliveries of one message; ``None``: the inbox's
+            ``max_attempts`` + :data:`DELIVERY_MARGIN`.
+        backoff: retry delays.
+        logger: the consumer's logger.
     """
-    try:
-        message_id = ids.resolve(broker_id, payload)
-    except InvalidKey as exc:
-        return Settlement(Verdict.DEAD, reason="invalid-id", error=str(exc))
-    try:
-        outcome = await inbox.process(message_id, payload, handler, delivery=delivery(message_id))
-    except DeadLettered as exc:
-        return Settlement(
-            Verdict.DEAD, reason="dead-lettered", error=exc.error, attempts=exc.attempts
+
+    def __init__(
+        self,
+        inbox: AsyncInbox,
+        handler: Handler,
+        ids: MessageIds,
+        *,
+        max_deliveries: int | None,
+        backoff: Backoff,
+        logger: logging.Logger,
+    ) -> None:
+        if max_deliveries is None:
+            max_deliveries = default_max_deliveries(inbox)
+        if max_deliveries < 1:
+            raise ConfigurationError("max_deliveries must be at least 1")
+        if backoff.base < 0 or backoff.cap < 0:
+            raise ConfigurationError("retry delays must not be negative")
+        self.inbox = inbox
+        self.handler = handler
+        self.ids = ids
+        self.max_deliveries = max_deliveries
+        self.backoff = backoff
+        self.log = logger
+        self._random = random.Random()
+
+    def jitter(self) -> float:
+        return self._random.random()
+
+    def delay(self, attempt: int) -> float:
+        """A jittered backoff delay for retry number ``attempt``."""
+        return self.backoff.delay(attempt, self.jitter())
+
+    def _verdict(
+        self, exc: Exception, stage: Stage, count: int | None, uncounted: int = 0
+    ) -> Verdict:
+        return verdict(
+            exc,
+            stage=stage,
+            delivery_count=count,
+            max_deliveries=self.max_deliveries,
+            backoff=self.backoff,
+            jitter=self.jitter(),
+            cache_errors=getattr(self.inbox, "cache_errors", ()),
+            uncounted_retries=uncounted,
         )
-    except PayloadMismatch as exc:
-        return Settlement(Verdict.DEAD, reason="payload-mismatch", error=str(exc))
-    except InFlight as exc:
-        return Settlement(Verdict.RETRY, reason="in-flight", retry_after=exc.retry_after)
-    except StoreError as exc:
-        log.warning("store error on %s; leaving it for redelivery: %s", message_id, exc)
-        return Settlement(Verdict.RETRY, reason="store-error", error=str(exc))
-    except Exception as exc:
-        log.warning("handler failed on %s; leaving it for redelivery: %r", message_id, exc)
-        return Settlement(Verdict.RETRY, reason="handler-error", error=repr(exc))
-    return Settlement(Verdict.ACK, outcome=outcome)
+
+    async def process(
+        self,
+        *,
+        broker_id: str | None,
+        decode: Callable[[], Any],
+        delivery: Callable[[str], Delivery],
+        delivery_count: int | None,
+        stop: asyncio.Event | None,
+        label: str,
+    ) -> Settlement:
+        """Process one delivery and say how to settle it.
+
+        Args:
+            broker_id: the id the broker carried, if any.
+            decode: returns the payload from the body (its exceptions dead-letter).
+            delivery: builds the :class:`Delivery` once the message id is known.
+            delivery_count: the broker's count (1 = first), when it has one.
+            stop: set when the consumer stops: transient retries end at once.
+            label: names the delivery in log lines until its message id is known.
+
+        Cancellation (a shutdown that cannot wait) propagates: the transaction rolls
+        back and the broker redelivers.
+        """
+        refused = admit(delivery_count, self.max_deliveries)
+        if refused is not None:
+            known = None
+            if broker_id:
+                with contextlib.suppress(InvalidKey):
+                    known = _valid(broker_id)
+            return Settlement(refused, known)
+        try:
+            payload = decode()
+        except Exception as exc:
+            self.log.warning("%s: cannot decode the body: %s", label, _safe(exc))
+            return Settlement(self._verdict(exc, Stage.DECODE, delivery_count))
+        try:
+            message_id = self.ids.resolve(broker_id, payload)
+        except Exception as exc:
+            return Settlement(self._verdict(exc, Stage.KEY, delivery_count))
+        this = delivery(message_id)
+        uncounted = 0
+        raised: list[BaseException] = []  # what the handler itself raised
+
+        async def run(body: Any, tx: AsyncTx) -> Any:
+            try:
+                return await self.handler(body, tx)
+            except BaseException as exc:
+                raised.append(exc)
+                raise
+
+        while True:
+            raised.clear()
+            try:
+                outcome = await self.inbox.process(message_id, payload, run, delivery=this)
+            except Exception as exc:
+                # A handler failure counts even if the inbox then failed to record it
+                # (and raised a store error instead): judge by the handler's exception.
+                failed = raised[-1] if raised and isinstance(raised[-1], Exception) else None
+                stage = Stage.INBOX if failed is None else Stage.HANDLER
+                decided = self._verdict(
+                    exc if failed is None else failed, stage, delivery_count, uncounted
+                )
+                if decided.action is Action.RETRY and not decided.counted:
+                    uncounted += 1
+                    self.log.info(
+                        "%s: %s (%s); retrying in %.2fs without handing it back",
+                        message_id,
+                        decided.reason,
+                        decided.error,
+                        decided.delay,
+                    )
+                    if not await pause(stop, decided.delay):
+                        continue
+                elif decided.action is Action.RETRY:
+                    self.log.warning(
+                        "%s: %s on delivery %s: %s",
+                        message_id,
+                        decided.reason,
+                        delivery_count,
+                        decided.error,
+                    )
+                return Settlement(decided, message_id)
+            return Settlement(ACK, message_id, outcome)
+
+
+def unexpected(exc: BaseException, delay: float) -> Settlement:
+    """The settlement of a delivery whose processing failed in the consumer itself."""
+    return Settlement(Verdict(Action.RETRY, "error", _safe(exc), delay=delay))
+
+
+def _safe(exc: BaseException) -> str:
+    try:
+        text = f"{type(exc).__qualname__}: {exc}"
+    except Exception:
+        text = type(exc).__qualname__
+    return header_text(text)
 
 
 class InFlightTracker:

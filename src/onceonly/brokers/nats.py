@@ -18,12 +18,22 @@ Consumer (:class:`NatsConsumer`):
   ``ack_wait`` and unlimited ``max_deliver`` when it does not exist yet) and fetches
   at most as many messages as it has free handler slots, so nothing waits unprocessed
   while its ``ack_wait`` runs;
-* each message runs ``inbox.process(message_id, payload, handler)``; it is acked only
-  after the inbox's commit, nak'ed with a delay to be retried, and a dead message is
-  first published (PubAck awaited) to the dead-letter subject with the ``onceonly-*``
-  headers and only then acked. A dead-letter publish that fails leaves the message for
-  redelivery: never a silent drop. The dead-letter copy's ``Nats-Msg-Id`` is
-  ``<durable>:<stream>:<sequence>``, so a redelivery dead-lettered twice is stored once;
+* each message runs ``inbox.process(message_id, payload, handler)`` and is settled by
+  the verdict table of :mod:`onceonly._core.settle`: acked only after the inbox's
+  commit; nak'ed with a jittered, growing delay when the handler failed; a dead
+  message (dead key, payload mismatch, no usable id, undecodable body, result too
+  large, too many deliveries) is first published (PubAck awaited) to the dead-letter
+  subject with the ``onceonly-*`` headers and only then acked. A dead-letter publish
+  that fails leaves the message for redelivery: never a silent drop. The dead-letter
+  copy's ``Nats-Msg-Id`` is ``<durable>:<stream>:<sequence>``, so a redelivery
+  dead-lettered twice is stored once. A transient store error or a duplicate in flight
+  is retried with backoff while the consumer keeps the message (in progress), so
+  JetStream's delivery count does not move;
+* JetStream's delivery count (``num_delivered``) gives ``tx.delivery.delivery_count``;
+  a message delivered more than ``max_deliveries`` times (a handler that kills the
+  worker) is dead-lettered without running the handler. The durable's own
+  ``max_deliver`` stays unlimited: past it JetStream would stop delivering the message
+  without dead-lettering it;
 * while a handler runs, ``+WPI`` (in progress) is sent every ``ack_wait / 3`` seconds so
   JetStream does not redeliver a message whose handler is merely slow;
 * the dead-letter subject must not match the consumer's own filter (it would loop
@@ -51,14 +61,15 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
+from onceonly._core.settle import Action, Backoff, header_text
 from onceonly.brokers._consumer import (
+    Deliveries,
     Handler,
     InFlightTracker,
     MessageIds,
     Settlement,
-    Verdict,
     decode_body,
-    settle,
+    unexpected,
 )
 from onceonly.errors import ConfigurationError, PublishError
 from onceonly.inbox_async import AsyncInbox
@@ -103,9 +114,17 @@ async def _connect(url: str, options: Mapping[str, Any], timeout: float) -> Clie
 
 
 def _header_value(text: str) -> str:
-    """A header value: one line (CR/LF would break the protocol), bounded in length."""
-    flat = " ".join(text.splitlines()).replace("\r", " ")
-    return flat[:_MAX_HEADER_VALUE]
+    """A header value: one line (CR/LF would break the protocol), no NUL or lone
+    surrogates, bounded in length."""
+    return header_text(text, _MAX_HEADER_VALUE)
+
+
+def _ascii_header_value(text: str) -> str:
+    """:func:`_header_value`, with non-ASCII characters escaped (``\\xe9``): header
+    values are MIME-like, and readers that parse them as such (nats-py's ``get_msg``)
+    turn 8-bit values into ``email.header.Header`` objects."""
+    safe = _header_value(text).encode("ascii", "backslashreplace").decode("ascii")
+    return safe if len(safe) <= _MAX_HEADER_VALUE else safe[: _MAX_HEADER_VALUE - 3] + "..."
 
 
 def _subject_matches(pattern: str, subject: str) -> bool:
@@ -284,8 +303,14 @@ class NatsConsumer:
             subject, ``"<stream>.dead"`` when ``subject`` has wildcards.
         create_dead_letter_stream: create a stream ``<stream>_dead`` for the dead-letter
             subject when no stream captures it.
-        max_backoff: the longest nak delay after a handler failure (the delay doubles
-            from 0.1 s with each delivery).
+        max_deliveries: a message JetStream delivered more times than this is
+            dead-lettered, reason ``max-deliveries``, without running the handler; a
+            handler failure on the last allowed delivery is dead-lettered at once.
+            Default: the inbox's ``max_attempts`` + 5.
+        retry_delay: the first nak delay after a handler failure (seconds); it doubles
+            with each delivery, jittered. Transient store errors are retried in place
+            on the same backoff.
+        max_backoff: the longest such delay.
         poll_timeout: how long one fetch waits for messages (bounds how long ``stop``
             waits for the fetch in progress).
         publish_timeout: seconds to wait for the dead-letter PubAck.
@@ -311,6 +336,8 @@ class NatsConsumer:
         message_id: MessageIds | str | Callable[[Any], str] | None = None,
         dead_letter: str | None = None,
         create_dead_letter_stream: bool = True,
+        max_deliveries: int | None = None,
+        retry_delay: float = 0.1,
         max_backoff: float = 5.0,
         poll_timeout: float = 1.0,
         publish_timeout: float = 5.0,
@@ -345,7 +372,17 @@ class NatsConsumer:
         self.ids = message_id if isinstance(message_id, MessageIds) else MessageIds(message_id)
         self.dead_letter = dead
         self.create_dead_letter_stream = create_dead_letter_stream
+        self.retry_delay = retry_delay
         self.max_backoff = max_backoff
+        self._deliveries = Deliveries(
+            inbox,
+            handler,
+            self.ids,
+            max_deliveries=max_deliveries,
+            backoff=Backoff(retry_delay, max_backoff),
+            logger=log,
+        )
+        self.max_deliveries = self._deliveries.max_deliveries
         self.poll_timeout = poll_timeout
         self.publish_timeout = publish_timeout
         self.shutdown_timeout = shutdown_timeout
@@ -606,11 +643,8 @@ class NatsConsumer:
         broker_id = headers.get(MSG_ID_HEADER) or None
         label = _label(msg)
         count = meta.num_delivered
-        payload = decode_body(msg.data)
-        resolved: list[str] = []
 
         def delivery(message_id: str) -> Delivery:
-            resolved.append(message_id)
             return Delivery(
                 message_id=message_id,
                 source=msg.subject,
@@ -622,53 +656,62 @@ class NatsConsumer:
 
         keepalive = asyncio.ensure_future(self._keepalive(msg, label))
         try:
-            settlement = await settle(
-                self.inbox, self.handler, self.ids, broker_id, payload, delivery
-            )
+            try:
+                settlement = await self._deliveries.process(
+                    broker_id=broker_id,
+                    decode=lambda: decode_body(msg.data),
+                    delivery=delivery,
+                    delivery_count=count,
+                    stop=self._stop,
+                    label=label,
+                )
+            except Exception as exc:  # a bug of ours: still settle the message
+                log.exception("%s: unexpected error", label)
+                settlement = unexpected(exc, self._deliveries.delay(count))
         finally:
             keepalive.cancel()
-        message_id = resolved[0] if resolved else broker_id
-        if settlement.verdict is Verdict.ACK:
+        label = settlement.message_id or label
+        v = settlement.verdict
+        if v.action is Action.ACK:
             await msg.ack()
-            replayed = settlement.outcome is not None and settlement.outcome.replayed
-            log.debug("%s: acked%s", label, " (replayed)" if replayed else "")
-        elif settlement.verdict is Verdict.RETRY:
-            if settlement.reason == "in-flight" and settlement.retry_after is not None:
-                delay = max(settlement.retry_after, 0.0)
+            if v.reason:
+                log.warning("%s: acked (%s: %s)", label, v.reason, v.error)
             else:
-                delay = min(2 ** max(count - 1, 0) * 0.1, self.max_backoff)
+                log.debug("%s: acked%s", label, " (replayed)" if settlement.replayed else "")
+        elif v.action is Action.RETRY:
+            # counted: nak with the backoff (JetStream counts the redelivery); uncounted:
+            # only when stopping, so hand it back at once
+            delay = v.delay if v.counted else 0.0
             await msg.nak(delay=delay)
             log.info(
                 "%s: nak'ed (%s), redelivery in %.2fs (delivery %d)",
                 label,
-                settlement.reason,
+                v.reason,
                 delay,
                 count,
             )
-        elif await self._dead_letter(msg, settlement, message_id, label):
+        elif await self._dead_letter(msg, settlement, label):
             await msg.ack()
             log.warning(
                 "%s: dead-lettered to %s (%s) and acked",
                 label,
                 self.dead_letter,
-                settlement.reason,
+                v.reason,
             )
         else:
-            delay = min(2 ** max(count - 1, 0) * 0.1, self.max_backoff)
-            await msg.nak(delay=delay)
+            await msg.nak(delay=self._deliveries.delay(count))
 
-    async def _dead_letter(
-        self, msg: Msg, settlement: Settlement, message_id: str | None, label: str
-    ) -> bool:
+    async def _dead_letter(self, msg: Msg, settlement: Settlement, label: str) -> bool:
         """Publish ``msg`` to the dead-letter subject and wait for its PubAck."""
         js = self._js
         if js is None:
             return False
         meta = msg.metadata
         headers = {k: v for k, v in (msg.headers or {}).items() if not k.startswith("Nats-")}
-        headers[HEADER_REASON] = settlement.reason or "dead"
-        headers[HEADER_ERROR] = _header_value(settlement.error or settlement.reason or "dead")
-        headers[HEADER_ATTEMPTS] = str(settlement.attempts or 0)
+        v, message_id = settlement.verdict, settlement.message_id
+        headers[HEADER_REASON] = v.reason or "dead"
+        headers[HEADER_ERROR] = _ascii_header_value(v.error or v.reason or "dead")
+        headers[HEADER_ATTEMPTS] = str(v.attempts or 0)
         headers[HEADER_SOURCE] = msg.subject
         if message_id:
             headers[HEADER_MESSAGE_ID] = _header_value(message_id)

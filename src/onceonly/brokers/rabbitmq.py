@@ -14,16 +14,23 @@ Publisher (:class:`RabbitMQPublisher`):
 
 Consumer (:class:`RabbitMQConsumer`):
 
-* each delivery runs ``inbox.process(message_id, payload, handler)``; it is acked only
-  after the inbox's commit, nacked with requeue to be retried, and a dead message is
-  first published (confirmed) to the dead-letter queue with the ``onceonly-*`` headers
-  and only then acked. A dead-letter publish that fails leaves the message for
-  redelivery: never a silent drop;
+* each delivery runs ``inbox.process(message_id, payload, handler)`` and is settled by
+  the verdict table of :mod:`onceonly._core.settle`: acked only after the inbox's
+  commit; nacked with requeue after a jittered backoff when the handler failed; a dead
+  message (dead key, payload mismatch, no usable id, undecodable body, result too
+  large, too many deliveries) is first published (confirmed) to the dead-letter queue
+  with the ``onceonly-*`` headers and only then acked. A dead-letter publish that fails
+  leaves the message for redelivery: never a silent drop. A transient store error or a
+  duplicate in flight is retried with backoff while the consumer keeps the message;
 * the queue is declared durable and, by default, as a quorum queue, whose
-  ``x-delivery-count`` header gives ``tx.delivery.delivery_count``; classic queues only
-  have the ``redelivered`` flag (``delivery_count`` is then ``None``). The declared
-  queue dead-letters to the same dead-letter queue, so a message the broker itself
-  gives up on (a quorum queue's ``delivery-limit``) lands there too;
+  ``x-delivery-count`` header gives ``tx.delivery.delivery_count``: a message delivered
+  more than ``max_deliveries`` times (a handler that kills the worker) is dead-lettered
+  without running the handler. Classic queues only have the ``redelivered`` flag
+  (``delivery_count`` is then ``None``, and ``max_deliveries`` cannot apply: only the
+  inbox's ``max_attempts`` ends a poison message there). The declared queue
+  dead-letters to the same dead-letter queue, so a message the broker itself gives up
+  on (a quorum queue's ``delivery-limit``, 20 by default since RabbitMQ 4.0: keep
+  ``max_deliveries`` below it) lands there too;
 * RabbitMQ has no per-message visibility timeout: an unacked message stays with its
   consumer until the channel closes, or until the broker's ``consumer_timeout``
   (default 30 minutes) closes the channel. Handlers are coroutines, so the connection's
@@ -56,14 +63,16 @@ from aio_pika.abc import (
     ConsumerTag,
 )
 
+from onceonly._core.settle import Action, Backoff, header_text
 from onceonly.brokers._consumer import (
+    Deliveries,
     Handler,
     InFlightTracker,
     MessageIds,
     Settlement,
-    Verdict,
     decode_body,
-    settle,
+    pause,
+    unexpected,
 )
 from onceonly.errors import ConfigurationError, PublishError
 from onceonly.inbox_async import AsyncInbox
@@ -82,8 +91,7 @@ __all__ = ["RabbitMQConsumer", "RabbitMQPublisher"]
 log = logging.getLogger("onceonly.brokers.rabbitmq")
 
 JSON = "application/json"
-MAX_ERROR_CHARS = 1000
-RETRY_DELAY_CAP = 1.0  # longest pause before requeueing an in-flight or store-error retry
+RETRY_DELAY_CAP = 1.0  # pause before requeueing a message whose dead-letter publish failed
 
 
 @contextlib.contextmanager
@@ -262,7 +270,15 @@ class RabbitMQConsumer:
             ``dead_letter`` as routing key (default: the default exchange).
         concurrency: handlers running at once.
         prefetch: unacked messages the broker sends ahead (default: ``concurrency``).
-        retry_delay: seconds to wait before requeueing a message whose handler failed.
+        max_deliveries: a message delivered more times than this (quorum queues count)
+            is dead-lettered, reason ``max-deliveries``, without running the handler;
+            a handler failure on the last allowed delivery is dead-lettered at once.
+            Default: the inbox's ``max_attempts`` + 5.
+        retry_delay: the first backoff step (seconds) before requeueing a message whose
+            handler failed, and before retrying a transient store error; it doubles
+            with each delivery (jittered, capped at ``max_backoff``). The message is
+            held meanwhile.
+        max_backoff: the longest such delay.
         publish_timeout: seconds to wait for the dead-letter publish's confirmation.
         shutdown_timeout: seconds ``stop()`` waits for running handlers.
 
@@ -285,7 +301,9 @@ class RabbitMQConsumer:
         dead_letter_exchange: str = "",
         concurrency: int = 16,
         prefetch: int | None = None,
-        retry_delay: float = 0.0,
+        max_deliveries: int | None = None,
+        retry_delay: float = 0.1,
+        max_backoff: float = 5.0,
         publish_timeout: float = 10.0,
         shutdown_timeout: float = 30.0,
     ) -> None:
@@ -308,6 +326,16 @@ class RabbitMQConsumer:
         self.concurrency = concurrency
         self.prefetch = prefetch or concurrency
         self.retry_delay = retry_delay
+        self.max_backoff = max_backoff
+        self._deliveries = Deliveries(
+            inbox,
+            handler,
+            self.ids,
+            max_deliveries=max_deliveries,
+            backoff=Backoff(retry_delay, max_backoff),
+            logger=log,
+        )
+        self.max_deliveries = self._deliveries.max_deliveries
         self.publish_timeout = publish_timeout
         self.shutdown_timeout = shutdown_timeout
         self._tracker = InFlightTracker(concurrency)
@@ -421,6 +449,13 @@ class RabbitMQConsumer:
         self._accepting = True
         self._consumer_tag = await self._queue.consume(self._on_message, no_ack=False)
         log.info("consuming %s (dead letters to %s)", self.queue, self.dead_letter)
+        if self.queue_type == "classic":
+            log.warning(
+                "%s is a classic queue: it counts no deliveries, so max_deliveries cannot "
+                "apply (only the inbox's max_attempts ends a poison message); a message "
+                "whose handler kills the worker is redelivered until it is removed",
+                self.queue,
+            )
 
     async def _shutdown(self, timeout: float) -> None:
         self._accepting = False
@@ -448,25 +483,41 @@ class RabbitMQConsumer:
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         async with self._tracker.semaphore:
-            broker_id = message.message_id or None
-            payload = decode_body(message.body)
-            headers = dict(message.headers)
-            count = headers.get("x-delivery-count")
-            resolved: list[str] = []
+            label = message.message_id or f"delivery {message.delivery_tag}"
+            try:
+                result = await self._process(message, label)
+            except Exception as exc:  # a bug of ours: still settle the message
+                log.exception("%s: unexpected error; requeueing it", label)
+                result = unexpected(exc, self._deliveries.delay(1))
+            try:
+                await self._settle(message, result)
+            except Exception:
+                log.exception("%s: could not settle it; requeueing it", label)
+                with contextlib.suppress(Exception):
+                    await message.nack(requeue=True)
 
-            def delivery(message_id: str) -> Delivery:
-                resolved.append(message_id)
-                return Delivery(
-                    message_id=message_id,
-                    source=self.queue,
-                    delivery_count=self._delivery_count(count),
-                    redelivered=bool(message.redelivered),
-                    headers=headers,
-                    raw=message,
-                )
+    async def _process(self, message: AbstractIncomingMessage, label: str) -> Settlement:
+        headers = dict(message.headers or {})
+        count = self._delivery_count(headers.get("x-delivery-count"))
 
-            result = await settle(self.inbox, self.handler, self.ids, broker_id, payload, delivery)
-            await self._settle(message, resolved[0] if resolved else None, result)
+        def delivery(message_id: str) -> Delivery:
+            return Delivery(
+                message_id=message_id,
+                source=self.queue,
+                delivery_count=count,
+                redelivered=bool(message.redelivered),
+                headers=headers,
+                raw=message,
+            )
+
+        return await self._deliveries.process(
+            broker_id=message.message_id or None,
+            decode=lambda: decode_body(message.body),
+            delivery=delivery,
+            delivery_count=count,
+            stop=self._stop,
+            label=label,
+        )
 
     def _delivery_count(self, header: Any) -> int | None:
         """Quorum queues count earlier deliveries in ``x-delivery-count`` (absent on the
@@ -475,48 +526,44 @@ class RabbitMQConsumer:
             return header + 1
         return 1 if self.queue_type == "quorum" else None
 
-    async def _settle(
-        self, message: AbstractIncomingMessage, message_id: str | None, result: Settlement
-    ) -> None:
-        mid = message_id or message.message_id or "<no id>"
+    async def _settle(self, message: AbstractIncomingMessage, result: Settlement) -> None:
+        mid = result.message_id or message.message_id or "<no id>"
+        v = result.verdict
         try:
-            if result.verdict is Verdict.ACK:
+            if v.action is Action.ACK:
                 await message.ack()
-                log.debug(
-                    "%s: acked (replayed=%s)", mid, result.outcome and result.outcome.replayed
-                )
-                return
-            if result.verdict is Verdict.RETRY:
-                if result.reason in ("in-flight", "store-error"):
-                    delay = min(result.retry_after or RETRY_DELAY_CAP, RETRY_DELAY_CAP)
+                if v.reason:
+                    log.warning("%s: acked (%s: %s)", mid, v.reason, v.error)
                 else:
-                    delay = self.retry_delay
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                    log.debug("%s: acked (replayed=%s)", mid, result.replayed)
+                return
+            if v.action is Action.RETRY:
+                # counted: back off, then hand it back (the broker counts the delivery);
+                # uncounted: only when stopping, so hand it back at once
+                if v.counted:
+                    await pause(self._stop, v.delay)
                 await message.nack(requeue=True)
-                log.info("%s: requeued (%s)", mid, result.reason)
+                log.info("%s: requeued (%s)", mid, v.reason)
                 return
             try:
-                await self._dead_letter(message, message_id, result)
+                await self._dead_letter(message, result)
             except PublishError as exc:
                 log.error("%s: dead-letter publish failed, leaving it for redelivery: %s", mid, exc)
-                await asyncio.sleep(RETRY_DELAY_CAP)
+                await pause(self._stop, RETRY_DELAY_CAP)
                 await message.nack(requeue=True)
                 return
             await message.ack()
-            log.warning("%s: dead-lettered to %s (%s)", mid, self.dead_letter, result.reason)
+            log.warning("%s: dead-lettered to %s (%s)", mid, self.dead_letter, v.reason)
         except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
             # The channel is gone: the broker redelivers, and the inbox replays or retries.
             log.warning(
                 "%s: could not settle (%s); it will be redelivered: %r",
                 mid,
-                result.verdict.value,
+                v.action.value,
                 exc,
             )
 
-    async def _dead_letter(
-        self, message: AbstractIncomingMessage, message_id: str | None, result: Settlement
-    ) -> None:
+    async def _dead_letter(self, message: AbstractIncomingMessage, result: Settlement) -> None:
         """Publish the original body and properties plus the onceonly-* headers, confirmed.
 
         A message that carried no id keeps none of its own; aiormq then gives the copy a
@@ -525,12 +572,16 @@ class RabbitMQConsumer:
         exchange = self._dl_exchange
         if exchange is None:
             raise PublishError("the consumer is not running", key=message.message_id)
-        headers: dict[str, Any] = dict(message.headers)
-        headers[HEADER_REASON] = result.reason or "dead"
-        headers[HEADER_ERROR] = (result.error or "")[:MAX_ERROR_CHARS]
-        headers[HEADER_ATTEMPTS] = str(result.attempts or 0)
+        message_id = result.message_id
+        v = result.verdict
+        headers: dict[str, Any] = dict(message.headers or {})
+        # the broker's count of this delivery: a redrive must start counting afresh
+        headers.pop("x-delivery-count", None)
+        headers[HEADER_REASON] = v.reason or "dead"
+        headers[HEADER_ERROR] = header_text(v.error or "")
+        headers[HEADER_ATTEMPTS] = str(v.attempts or 0)
         if message_id:
-            headers[HEADER_MESSAGE_ID] = message_id
+            headers[HEADER_MESSAGE_ID] = header_text(message_id)
         dead = aio_pika.Message(
             message.body,
             headers=headers,

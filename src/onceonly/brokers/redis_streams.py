@@ -21,11 +21,19 @@ Consumer (:class:`RedisStreamsConsumer`), one member of a consumer group:
 * a dead entry is first XADDed (confirmed) to the dead-letter stream with the
   ``onceonly-*`` headers and only then XACKed. If that XADD fails the entry is not
   acked: never a silent drop;
-* a failed entry is not acked: it stays in this consumer's pending entries list (PEL)
-  and is fetched again after a backoff (XCLAIM by this consumer, only while it still
-  owns the entry). A consumer that dies leaves its entries pending; every consumer
-  runs XAUTOCLAIM every ``claim_idle / 2`` seconds and takes over entries idle for
-  ``claim_idle`` seconds;
+* every entry is settled by the verdict table of :mod:`onceonly._core.settle`. An entry
+  whose handler failed is not acked: it stays in this consumer's pending entries list
+  (PEL) and is fetched again after a jittered backoff (XCLAIM by this consumer, only
+  while it still owns the entry; Redis counts the delivery). A transient store error or
+  a duplicate in flight is retried with backoff while the consumer keeps the entry, so
+  the count does not move. A consumer that dies leaves its entries pending; every
+  consumer runs XAUTOCLAIM every ``claim_idle / 2`` seconds and takes over entries idle
+  for ``claim_idle`` seconds (Redis counts that delivery too);
+* an entry delivered more than ``max_deliveries`` times (a handler that kills the
+  worker) is dead-lettered without running the handler;
+* the message id is the ``id`` field (else the ``onceonly-message-id`` header): valid
+  UTF-8 is taken as is; any other bytes, and a valid id that itself starts with
+  ``b64:``, become ``b64:`` + their base64, so distinct ids stay distinct keys;
 * while a handler runs, and while a failed entry waits for its retry, the consumer
   resets the entry's idle time every ``claim_idle / 3`` seconds (XCLAIM ... JUSTID,
   which leaves the delivery count alone, and only if it still owns the entry), so a
@@ -44,6 +52,7 @@ known, the entry id) on every line.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -63,14 +72,15 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "onceonly.brokers.redis_streams needs the redis extra: pip install 'onceonly[redis]'"
     ) from exc
 
+from onceonly._core.settle import Action, Backoff, header_text
 from onceonly.brokers._consumer import (
+    Deliveries,
     Handler,
     InFlightTracker,
     MessageIds,
     Settlement,
-    Verdict,
     decode_body,
-    settle,
+    unexpected,
 )
 from onceonly.errors import ConfigurationError, PublishError
 from onceonly.inbox_async import AsyncInbox
@@ -93,8 +103,9 @@ FIELD_PAYLOAD = "payload"
 FIELD_HEADERS = "headers"
 FIELD_KEY = "key"
 JSON = "application/json"
-MAX_ERROR_CHARS = 1000
 HEARTBEAT_BATCH = 500
+#: Marks a message id that was not valid UTF-8 (or already started with it): base64 follows.
+B64_PREFIX = "b64:"
 
 # Reset the idle time of the entries this consumer still owns; returns the ids kept.
 _HEARTBEAT = """
@@ -128,7 +139,33 @@ return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
 
 
 def _text(value: bytes | str) -> str:
+    """For entry ids, field names and log lines (not message ids: see _message_id)."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _message_id(value: Any) -> str:
+    """The message id of an ``id`` field or header, injectively.
+
+    Valid UTF-8 is kept as is, unless it starts with ``b64:``; anything else (and such
+    an id) becomes ``b64:`` + the standard base64 of its bytes. So two distinct ids never
+    share a key (decoding with replacement characters would merge them).
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return B64_PREFIX + base64.b64encode(raw).decode("ascii")
+    else:
+        text = value if isinstance(value, str) else str(value)
+        try:
+            raw = text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates, e.g. from a JSON header
+            raw = text.encode("utf-8", "surrogatepass")
+            return B64_PREFIX + base64.b64encode(raw).decode("ascii")
+    if text.startswith(B64_PREFIX):
+        return B64_PREFIX + base64.b64encode(raw).decode("ascii")
+    return text
 
 
 def _client(url: str | None, connection: redis.asyncio.Redis | None, options: Any) -> Any:
@@ -276,8 +313,14 @@ class RedisStreamsConsumer:
         count: entries fetched per read (at most the free handler slots).
         concurrency: handlers running at once.
         claim_idle: seconds after which another consumer's pending entry is taken over.
+        max_deliveries: an entry delivered more times than this (Redis's delivery
+            counter) is dead-lettered, reason ``max-deliveries``, without running the
+            handler; a handler failure on the last allowed delivery is dead-lettered at
+            once. Default: the inbox's ``max_attempts`` + 5.
         retry_delay: seconds before a failed entry is fetched again (doubling with each
-            delivery, capped at ``max(retry_delay, claim_idle)``).
+            delivery, jittered, capped at ``max_backoff``). Transient store errors are
+            retried in place on the same backoff.
+        max_backoff: the longest such delay (default ``max(retry_delay, claim_idle)``).
         message_id: a :class:`MessageIds`, or its fallback when an entry has no ``id``
             field and no ``onceonly-message-id`` header: ``None``, ``"content"``, a
             payload field name or a callable.
@@ -305,7 +348,9 @@ class RedisStreamsConsumer:
         count: int = 16,
         concurrency: int = 16,
         claim_idle: float = 30.0,
+        max_deliveries: int | None = None,
         retry_delay: float = 1.0,
+        max_backoff: float | None = None,
         message_id: MessageIds | str | Callable[[Any], str] | None = None,
         dead_letter: str | None = None,
         shutdown_timeout: float = 30.0,
@@ -328,7 +373,17 @@ class RedisStreamsConsumer:
         self.concurrency = concurrency
         self.claim_idle = claim_idle
         self.retry_delay = retry_delay
+        self.max_backoff = max(retry_delay, claim_idle) if max_backoff is None else max_backoff
         self.ids = message_id if isinstance(message_id, MessageIds) else MessageIds(message_id)
+        self._deliveries = Deliveries(
+            inbox,
+            handler,
+            self.ids,
+            max_deliveries=max_deliveries,
+            backoff=Backoff(retry_delay, self.max_backoff),
+            logger=log,
+        )
+        self.max_deliveries = self._deliveries.max_deliveries
         self.dead_letter = dead_letter or f"{stream}.dead"
         self.shutdown_timeout = shutdown_timeout
         self._client: redis.asyncio.Redis = _client(url, connection, options)
@@ -575,10 +630,10 @@ class RedisStreamsConsumer:
         except (RedisError, OSError) as exc:
             label = _label(entry_id, fields)
             log.warning("%s: could not settle entry %s: %r", label, entry_id, exc)
-            self._retry_later(entry_id, delivery_count, None)
+            self._retry_later(entry_id, self._deliveries.delay(delivery_count))
         except Exception:
             log.exception("%s: unexpected failure on entry %s", _label(entry_id, fields), entry_id)
-            self._retry_later(entry_id, delivery_count, None)
+            self._retry_later(entry_id, self._deliveries.delay(delivery_count))
         finally:
             self._active.discard(entry_id)
             async with self._slots:
@@ -589,13 +644,10 @@ class RedisStreamsConsumer:
         fields = {_text(k): v for k, v in raw.items()}
         headers = _headers(fields.get(FIELD_HEADERS))
         broker_id = fields.get(FIELD_ID) or headers.get(HEADER_MESSAGE_ID)
-        broker_id = _text(broker_id) if broker_id else None
-        body = _body(fields)
+        broker_id = _message_id(broker_id) if broker_id else None
         entry = StreamEntry(self.stream, entry_id, fields)
-        resolved: list[str] = []
 
         def delivery(message_id: str) -> Delivery:
-            resolved.append(message_id)
             return Delivery(
                 message_id=message_id,
                 source=self.stream,
@@ -605,25 +657,36 @@ class RedisStreamsConsumer:
                 raw=entry,
             )
 
-        settlement = await settle(
-            self.inbox, self.handler, self.ids, broker_id, decode_body(body), delivery
-        )
-        message_id = resolved[0] if resolved else broker_id
-        label = message_id or entry_id
-        if settlement.verdict is Verdict.ACK:
-            await self._ack(entry_id)
-            log.debug("%s: processed and acked entry %s", label, entry_id)
-        elif settlement.verdict is Verdict.RETRY:
-            delay = self._retry_later(entry_id, delivery_count, settlement.retry_after)
-            log.info(
-                "%s: %s; entry %s fetched again in %.2fs",
-                label,
-                settlement.reason,
-                entry_id,
-                delay,
+        try:
+            settlement = await self._deliveries.process(
+                broker_id=broker_id,
+                decode=lambda: decode_body(_body(fields)),
+                delivery=delivery,
+                delivery_count=delivery_count,
+                stop=self._stop,
+                label=broker_id or f"entry {entry_id}",
             )
+        except Exception as exc:  # a bug of ours: still settle the entry
+            log.exception("%s: unexpected error on entry %s", broker_id, entry_id)
+            settlement = unexpected(exc, self._deliveries.delay(delivery_count))
+        label = settlement.message_id or broker_id or entry_id
+        v = settlement.verdict
+        if v.action is Action.ACK:
+            await self._ack(entry_id)
+            if v.reason:
+                log.warning("%s: acked entry %s (%s: %s)", label, entry_id, v.reason, v.error)
+            else:
+                log.debug("%s: processed and acked entry %s", label, entry_id)
+        elif v.action is Action.RETRY:
+            if v.counted:  # fetched again after the backoff: Redis counts that delivery
+                self._retry_later(entry_id, v.delay)
+                log.info(
+                    "%s: %s; entry %s fetched again in %.2fs", label, v.reason, entry_id, v.delay
+                )
+            else:  # stopping: it stays pending, for a takeover or the next run
+                log.info("%s: %s; entry %s left pending", label, v.reason, entry_id)
         else:
-            await self._dead_letter(entry_id, label, message_id, body, fields, settlement)
+            await self._dead_letter(entry_id, label, fields, settlement)
 
     async def _ack(self, entry_id: str) -> None:
         """XACK ``entry_id``, in one XACK with the others acked meanwhile; wait for it."""
@@ -650,39 +713,33 @@ class RedisStreamsConsumer:
             else:
                 done.set_result(None)
 
-    def _retry_later(self, entry_id: str, delivery_count: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            delay = max(retry_after, 0.0)
-        else:
-            cap = max(self.retry_delay, self.claim_idle)
-            delay = min(self.retry_delay * 2 ** min(max(delivery_count - 1, 0), 16), cap)
-        self._retry_at[entry_id] = time.monotonic() + delay
-        return delay
+    def _retry_later(self, entry_id: str, delay: float) -> None:
+        if not self._stop.is_set():
+            self._retry_at[entry_id] = time.monotonic() + delay
 
     async def _dead_letter(
-        self,
-        entry_id: str,
-        label: str,
-        message_id: str | None,
-        body: bytes,
-        fields: Mapping[str, Any],
-        settlement: Settlement,
+        self, entry_id: str, label: str, fields: Mapping[str, Any], settlement: Settlement
     ) -> None:
-        headers = {k: str(v) for k, v in _headers(fields.get(FIELD_HEADERS)).items()}
+        v, message_id = settlement.verdict, settlement.message_id
+        headers = {k: str(value) for k, value in _headers(fields.get(FIELD_HEADERS)).items()}
         headers.update(
             {
-                HEADER_REASON: settlement.reason or "dead",
-                HEADER_ERROR: (settlement.error or "")[:MAX_ERROR_CHARS],
-                HEADER_ATTEMPTS: str(settlement.attempts or 0),
-                HEADER_MESSAGE_ID: message_id or "",
+                HEADER_REASON: v.reason or "dead",
+                HEADER_ERROR: header_text(v.error or ""),
+                HEADER_ATTEMPTS: str(v.attempts or 0),
+                HEADER_MESSAGE_ID: header_text(message_id or ""),
             }
         )
         key = fields.get(FIELD_KEY)
-        dead = _entry_fields(message_id, body, headers, _text(key) if key else None)
+        original = fields.get(FIELD_ID)
+        dead = _entry_fields(None, _body(fields), headers, _text(key) if key else None)
+        if original or message_id:
+            # the id field as the entry carried it (bytes stay bytes), not its b64: form
+            dead = {FIELD_ID: original or message_id or "", **dead}
         try:
             await self._client.xadd(self.dead_letter, dead)  # type: ignore[arg-type]
         except (RedisError, OSError) as exc:
-            self._retry_later(entry_id, 1, self.retry_delay)
+            self._retry_later(entry_id, self._deliveries.delay(1))
             log.error(
                 "%s: dead-letter to %s failed (%r); entry %s left pending",
                 label,
@@ -697,7 +754,7 @@ class RedisStreamsConsumer:
             label,
             entry_id,
             self.dead_letter,
-            settlement.reason,
+            v.reason,
         )
 
 
