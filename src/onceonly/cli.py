@@ -101,7 +101,9 @@ COMMANDS: tuple[Command, ...] = (
         description=(
             "Relay the outbox of a store to RabbitMQ, NATS JetStream or Redis Streams."
             " Each row is published with its id as the message id, confirmed by the"
-            " broker, then deleted. SIGTERM or Ctrl-C finishes the batch in hand and exits."
+            " broker, then deleted. Database outages (a restart, a failover, a killed"
+            " connection) are retried with backoff until the database is back; only"
+            " SIGTERM or Ctrl-C stops the relay: it finishes the batch in hand and exits 0."
         ),
         configure=_configure_relay,
         run=_run_relay,

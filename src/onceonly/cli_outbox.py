@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import signal
 import sys
 import urllib.parse
@@ -73,6 +74,20 @@ def _prefix_option(broker: str, prefix: str) -> dict[str, Any]:
     raise ConfigurationError("--prefix applies to nats:// and redis:// brokers")
 
 
+def _log_to_stderr() -> None:
+    """Send onceonly's INFO and above to stderr, unless logging is configured already:
+    a relay is a service, and its outage warnings and recovery lines are for the
+    operator."""
+    logger = logging.getLogger("onceonly")
+    configured = [h for h in logger.handlers if not isinstance(h, logging.NullHandler)]
+    if configured or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 async def _relay(args: argparse.Namespace) -> int:
     from onceonly.open import open_async_store
     from onceonly.relay_async import AsyncRelay
@@ -91,6 +106,7 @@ async def _relay(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, relay.stop)
+    _log_to_stderr()
     sys.stderr.write(f"onceonly relay: {args.url} -> {args.broker}\n")
     try:
         stats = await relay.run()
