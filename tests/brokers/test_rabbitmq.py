@@ -673,6 +673,28 @@ async def test_transient_errors_are_retried_without_counting(
     assert await broker.count(f"{queue}.dead") == 0
 
 
+async def test_store_lost_under_the_handler_is_retried_without_counting(
+    broker: Broker, db: Db
+) -> None:
+    """The handler's own store access fails transiently (as when its connection drops):
+    the inbox raises StoreUnavailable and the consumer retries in place, uncounted."""
+    queue = broker.name()
+    seen: list[int | None] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
+        seen.append(tx.delivery.delivery_count if tx.delivery else None)
+        if len(seen) <= 3:
+            raise onceonly.StoreUnavailable("connection lost")
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
+
+    async with consumer(db, handler, queue, retry_delay=0.05, max_deliveries=2):
+        await broker.publish(queue, {"n": 1}, message_id="m-1")
+        await until(lambda: db.ledger() == ["m-1"])
+        await until_count(broker, queue, 0)
+    assert seen == [1, 1, 1, 1]  # the broker's count never moved
+    assert await broker.count(f"{queue}.dead") == 0
+
+
 @pytest.mark.parametrize("case", ["too-large", "unencodable"])
 async def test_result_too_large_or_unencodable_is_dead_lettered(
     broker: Broker, db: Db, case: str

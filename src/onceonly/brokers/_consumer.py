@@ -49,7 +49,7 @@ from onceonly._core.settle import (
     header_text,
     verdict,
 )
-from onceonly.errors import ConfigurationError, InvalidKey, MissingMessageId
+from onceonly.errors import ConfigurationError, InvalidKey, MissingMessageId, StoreUnavailable
 from onceonly.inbox_async import AsyncInbox, AsyncTx
 from onceonly.messaging import Delivery
 from onceonly.outcome import Outcome
@@ -297,7 +297,15 @@ class Deliveries:
             except Exception as exc:
                 # A handler failure counts even if the inbox then failed to record it
                 # (and raised a store error instead): judge by the handler's exception.
-                failed = raised[-1] if raised and isinstance(raised[-1], Exception) else None
+                # But StoreUnavailable from the inbox means the store went away, also
+                # under the handler (a lost connection): transient, never counted.
+                failed = (
+                    raised[-1]
+                    if raised
+                    and isinstance(raised[-1], Exception)
+                    and not isinstance(exc, StoreUnavailable)
+                    else None
+                )
                 stage = Stage.INBOX if failed is None else Stage.HANDLER
                 decided = self._verdict(
                     exc if failed is None else failed, stage, delivery_count, uncounted

@@ -617,7 +617,10 @@ class PostgresSession:
             else:
                 conn.rollback()
         except Exception:
-            log.warning("rollback failed; discarding the connection", exc_info=True)
+            if conn.broken or conn.closed:  # the usual case: the connection is gone
+                log.debug("rollback on a lost connection; discarding it", exc_info=True)
+            else:
+                log.warning("rollback failed; discarding the connection", exc_info=True)
             if self._mode != _JOINED:
                 conn.close()
 
