@@ -15,11 +15,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from onceonly import _acompat
 from onceonly._core import codec
+from onceonly._core.attempts import precount_write, precounted_run, recount_write, uncount_write
 from onceonly._core.fingerprint import Fingerprinter, fingerprint
 from onceonly._core.keys import validate_key
 from onceonly._core.state import (
@@ -32,11 +33,8 @@ from onceonly._core.state import (
     claim_write,
     complete_write,
     decide,
-    precount_write,
-    precounted_run,
-    recount_write,
-    uncount_write,
 )
+from onceonly._inbox_rules import HandlerFailed, check_health, dead_error, is_own_mark
 from onceonly.errors import (
     ConfigurationError,
     DeadLettered,
@@ -44,13 +42,13 @@ from onceonly.errors import (
     OnceOnlyError,
     PayloadMismatch,
     StoreUnavailable,
-    TransactionAborted,
     TransactionEnded,
 )
 from onceonly.messaging import Delivery
 from onceonly.outbox_async import AsyncOutbox
 from onceonly.outcome import Outcome, failure_write, new_token, replayed_result, seconds
-from onceonly.types import AsyncSession, AsyncStore, Params, TxHealth
+from onceonly.tx_async import AsyncTx
+from onceonly.types import AsyncStore
 
 __all__ = ["AsyncInbox", "AsyncTx"]
 
@@ -63,70 +61,6 @@ _RESTAMP_FRACTION = 0.001
 # Bounded re-reads when a concurrent writer keeps changing the row under us.
 _PRECOUNT_RACES = 3
 _RECOUNT_RACES = 3
-
-
-class AsyncTx:
-    """The transaction a handler runs in: the same one that holds the claim.
-
-    Attributes:
-        key: the idempotency key being processed.
-        scope: the inbox's consumer name.
-        attempt: 1 for the first run, 2 for the first retry, …
-        delivery: the broker delivery being processed (its delivery count, headers),
-            when a broker consumer runs the handler; else ``None``.
-    """
-
-    def __init__(
-        self,
-        session: AsyncSession,
-        scope: str,
-        key: str,
-        attempt: int,
-        delivery: Delivery | None = None,
-        outbox: AsyncOutbox | None = None,
-    ) -> None:
-        self._session = session
-        self._outbox = outbox
-        self.scope = scope
-        self.key = key
-        self.attempt = attempt
-        self.delivery = delivery
-
-    @property
-    def connection(self) -> Any:
-        """The driver connection inside the transaction (do not commit it)."""
-        return self._session.connection
-
-    async def execute(self, sql: str, params: Params = None) -> Any:
-        """Run ``sql`` with ``?`` placeholders in the claim's transaction; returns a cursor."""
-        return await self._session.execute(sql, params)
-
-    async def publish(
-        self,
-        topic: str,
-        payload: Any,
-        *,
-        key: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> str:
-        """Write an outbox message in this transaction; a relay publishes it after commit.
-
-        Args:
-            topic: where the relay publishes it (routing key, subject, stream).
-            payload: JSON data or a dataclass.
-            key: an ordering key (with an ordered outbox and relay).
-            headers: string headers sent with the message.
-
-        Returns:
-            The message id (UUIDv7), which the broker carries as the message id.
-
-        Raises:
-            ConfigurationError: the store has no outbox (the memory store).
-        """
-        if self._outbox is None:
-            raise ConfigurationError("this inbox's store has no outbox (use SQLite or PostgreSQL)")
-        message = self._outbox.prepare(topic, payload, key=key, headers=headers)
-        return await self._outbox.write(self._session, message)
 
 
 class AsyncInbox:
@@ -264,7 +198,7 @@ class AsyncInbox:
                     if snap.inserted:
                         claimed, attempt = snap.record, 1
                     else:
-                        if own is not None and _is_own_mark(snap.record, own):
+                        if own is not None and is_own_mark(snap.record, own):
                             assert snap.record is not None
                             decision = precounted_run(snap.record, token, self.policy)
                         else:
@@ -284,7 +218,7 @@ class AsyncInbox:
                             if decision.write is not None:
                                 assert decision.expect is not None
                                 await session.update(scope, key, decision.expect, decision.write)
-                            dead = _dead(
+                            dead = dead_error(
                                 record, decision.write.attempts if decision.write else None
                             )
                         elif decision.action is Action.IN_FLIGHT:
@@ -303,14 +237,14 @@ class AsyncInbox:
                         started = _acompat.monotonic()
                         try:
                             result = await handler(payload, tx)
-                            _check_health(session.health(), scope, key)
+                            check_health(session.health(), scope, key)
                             encoded = codec.encode(result, max_bytes=self.max_result_bytes)
                         except BaseException as exc:
                             # a failure keeps what the claim carried (checkpoint, payload)
                             carried = dataclasses.replace(
                                 claimed, checkpoint=intent.checkpoint, payload=intent.payload
                             )
-                            raise _HandlerFailed(
+                            raise HandlerFailed(
                                 exc, carried, seen, attempt, session.health()
                             ) from exc
                         elapsed = _acompat.monotonic() - started
@@ -326,7 +260,7 @@ class AsyncInbox:
                             if done is None:  # cannot happen while we hold the row
                                 raise OnceOnlyError("the claim changed inside its own transaction")
                         return Outcome(result, False, key, attempt)
-            except _HandlerFailed as failed:
+            except HandlerFailed as failed:
                 if failed.transient:
                     await self._uncount(key, own)
                     raise StoreUnavailable(
@@ -389,14 +323,14 @@ class AsyncInbox:
         try:
             async with self.store.session() as session:
                 snap = await session.get(self.consumer, key)
-                if snap.record is not None and _is_own_mark(snap.record, own):
+                if snap.record is not None and is_own_mark(snap.record, own):
                     await session.update(
                         self.consumer, key, Expect(own, State.FAILED), uncount_write(snap.record)
                     )
         except OnceOnlyError:
             log.warning("%s/%s: a precounted attempt could not be given back", self.consumer, key)
 
-    async def _record_failure(self, failed: _HandlerFailed, payload: Any, connection: Any) -> None:
+    async def _record_failure(self, failed: HandlerFailed, payload: Any, connection: Any) -> None:
         """Store the failed run in a transaction of its own, conditional on the version the
         claim was decided from. If that version moved on (a concurrent run), the failure
         is still counted on the current record unless it completed or died."""
@@ -474,64 +408,3 @@ class AsyncInbox:
             return run
 
         return decorate
-
-
-class _HandlerFailed(Exception):
-    """Carries a handler's exception out of the transaction so it rolls back first.
-
-    ``seen``: the version the claim was decided from (``None``: the claim inserted).
-    ``transient``: the store went away (connection lost), so the attempt is not counted.
-    """
-
-    def __init__(
-        self,
-        exc: BaseException,
-        claimed: Record,
-        seen: Expect | None,
-        attempt: int,
-        health: TxHealth,
-    ) -> None:
-        super().__init__(repr(exc))
-        self.exc = exc
-        self.claimed = claimed
-        self.seen = seen
-        self.attempt = attempt
-        self.transient = health is TxHealth.LOST or isinstance(exc, StoreUnavailable)
-
-
-def _check_health(health: TxHealth, scope: str, key: str) -> None:
-    """Refuse to complete a claim whose transaction the handler ended or broke."""
-    if health is TxHealth.ENDED:
-        raise TransactionEnded(
-            "the handler committed or rolled back the inbox's transaction; leave commit "
-            "and rollback to the inbox (use a savepoint to undo part of the work)",
-            key=key,
-            scope=scope,
-        )
-    if health is TxHealth.ABORTED:
-        raise TransactionAborted(
-            "a statement failed in the handler's transaction and the handler carried on; "
-            "let database errors propagate, or wrap the statement in a savepoint",
-            key=key,
-            scope=scope,
-        )
-    if health is TxHealth.LOST:
-        raise StoreUnavailable(
-            "the connection was lost while the handler ran", key=key, scope=scope
-        )
-
-
-def _is_own_mark(record: Record | None, own: int) -> bool:
-    """Whether ``record`` is the precount mark this delivery wrote."""
-    return record is not None and record.token == own and record.state is State.FAILED
-
-
-def _dead(record: Record, attempts: int | None) -> DeadLettered:
-    n = attempts if attempts is not None else record.attempts
-    return DeadLettered(
-        f"this key failed {n} times and is dead-lettered: {record.error}",
-        key=record.key,
-        scope=record.scope,
-        attempts=n,
-        error=record.error,
-    )

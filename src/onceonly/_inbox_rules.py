@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: MIT
+"""The inbox's rules around a handler run, shared by ``Inbox`` and ``AsyncInbox``
+(docs/spec.md §1.3): what a failure carries out of the transaction, whether the
+handler left the transaction usable, and the errors a run ends with. No I/O."""
+
+from __future__ import annotations
+
+from onceonly._core.state import Expect, Record, State
+from onceonly.errors import (
+    DeadLettered,
+    StoreUnavailable,
+    TransactionAborted,
+    TransactionEnded,
+)
+from onceonly.types import TxHealth
+
+__all__ = ["HandlerFailed", "check_health", "dead_error", "is_own_mark"]
+
+
+class HandlerFailed(Exception):
+    """Carries a handler's exception out of the transaction so it rolls back first.
+
+    ``seen``: the version the claim was decided from (``None``: the claim inserted).
+    ``transient``: the store went away (connection lost), so the attempt is not counted.
+    """
+
+    def __init__(
+        self,
+        exc: BaseException,
+        claimed: Record,
+        seen: Expect | None,
+        attempt: int,
+        health: TxHealth,
+    ) -> None:
+        super().__init__(repr(exc))
+        self.exc = exc
+        self.claimed = claimed
+        self.seen = seen
+        self.attempt = attempt
+        self.transient = health is TxHealth.LOST or isinstance(exc, StoreUnavailable)
+
+
+def check_health(health: TxHealth, scope: str, key: str) -> None:
+    """Refuse to complete a claim whose transaction the handler ended or broke."""
+    if health is TxHealth.ENDED:
+        raise TransactionEnded(
+            "the handler committed or rolled back the inbox's transaction; leave commit "
+            "and rollback to the inbox (use a savepoint to undo part of the work)",
+            key=key,
+            scope=scope,
+        )
+    if health is TxHealth.ABORTED:
+        raise TransactionAborted(
+            "a statement failed in the handler's transaction and the handler carried on; "
+            "let database errors propagate, or wrap the statement in a savepoint",
+            key=key,
+            scope=scope,
+        )
+    if health is TxHealth.LOST:
+        raise StoreUnavailable(
+            "the connection was lost while the handler ran", key=key, scope=scope
+        )
+
+
+def is_own_mark(record: Record | None, own: int) -> bool:
+    """Whether ``record`` is the precount mark this delivery wrote."""
+    return record is not None and record.token == own and record.state is State.FAILED
+
+
+def dead_error(record: Record, attempts: int | None) -> DeadLettered:
+    n = attempts if attempts is not None else record.attempts
+    return DeadLettered(
+        f"this key failed {n} times and is dead-lettered: {record.error}",
+        key=record.key,
+        scope=record.scope,
+        attempts=n,
+        error=record.error,
+    )
