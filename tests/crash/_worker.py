@@ -4,7 +4,8 @@
 ``test_crash.py`` runs it as a script (one process per delivery) and imports
 ``leased_function`` to call the same ``@idempotent`` function in the test process.
 
-Exit codes: 0 done (one JSON line on stdout), 3 ``LeaseLost``, 4 ``InFlight``;
+Exit codes: 0 done (one JSON line on stdout), 3 ``LeaseLost``, 4 ``InFlight``,
+5 ``DeadLettered``;
 ``-SIGKILL`` when it killed itself.
 """
 
@@ -66,7 +67,16 @@ def kill_before_commit(store: Any, armed: Callable[[], bool]) -> None:
     store.transaction = transaction
 
 
-def deliver(store: Any, key: str, run: str, kill: str | None, acks: str) -> dict[str, Any]:
+def deliver(
+    store: Any,
+    key: str,
+    run: str,
+    kill: str | None,
+    acks: str,
+    *,
+    max_attempts: int = 5,
+    precount: bool = False,
+) -> dict[str, Any]:
     """Process ``key`` through an Inbox (one ledger row), then acknowledge it in ``acks``."""
     ledger = f"{store.table}_ledger"
     ran = []
@@ -82,7 +92,13 @@ def deliver(store: Any, key: str, run: str, kill: str | None, acks: str) -> dict
         ran.append(True)
         return {"run": run, "attempt": tx.attempt}
 
-    inbox = onceonly.Inbox(store, consumer=CONSUMER, wait=5.0)
+    inbox = onceonly.Inbox(
+        store,
+        consumer=CONSUMER,
+        wait=5.0,
+        max_attempts=max_attempts,
+        precount_attempts=precount,
+    )
     outcome = inbox.process(key, {"id": key, "amount": 10}, handler)
     if kill == "before_ack":
         die()
@@ -143,12 +159,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--checkpoint", type=json.loads, default=None)
     parser.add_argument("--started", default=None)
     parser.add_argument("--release", default=None)
+    parser.add_argument("--max-attempts", type=int, default=5)
+    parser.add_argument("--precount", action="store_true")
     args = parser.parse_args(argv)
     store = onceonly.open_store(args.url, table=args.table)
     if args.mode == "inbox":
         if args.kill is not None and args.kill not in INBOX_POINTS:
             parser.error(f"unknown kill point {args.kill!r}")
-        got = deliver(store, args.key, args.run, args.kill, args.acks)
+        try:
+            got = deliver(
+                store,
+                args.key,
+                args.run,
+                args.kill,
+                args.acks,
+                max_attempts=args.max_attempts,
+                precount=args.precount,
+            )
+        except onceonly.DeadLettered as exc:
+            print(json.dumps({"error": "DeadLettered", "attempts": exc.attempts}), flush=True)
+            return 5
     else:
         fn = leased_function(
             store,

@@ -101,6 +101,24 @@ def kill_inside_idempotent(
 
 
 @pytest.mark.timeout(30)
+def test_precounted_inbox_dead_letters_a_message_that_kills_every_worker(
+    sql_store_factory: StoreFactory,
+) -> None:
+    """A handler that SIGKILLs its worker every time: with precount_attempts the key is
+    dead after max_attempts deliveries and the next delivery does not run it."""
+    store = sql_store_factory()
+    store.migrate()
+    business_table(store)
+    opts = ("--max-attempts", "3", "--precount")
+    for n in range(3):
+        proc = run_worker(sql_store_factory, "inbox", "--run", f"r{n}",
+                          "--kill", "handler_start", *opts)  # fmt: skip
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+    last = run_worker(sql_store_factory, "inbox", "--run", "last", *opts)
+    assert last.returncode == 5, last.stderr
+    assert json.loads(last.stdout) == {"error": "DeadLettered", "attempts": 3}
+
+
 def test_idempotent_killed_is_in_flight_then_reclaimed(
     sql_store_factory: StoreFactory, tmp_path: Path
 ) -> None:
