@@ -11,7 +11,13 @@ from typing import Any, Generic, TypeVar
 
 from onceonly._core import codec
 from onceonly._core.state import Record, Write, cached_error_write, fail_write
-from onceonly.errors import ConfigurationError, OnceOnlyError, ReplayedError
+from onceonly.errors import (
+    ConfigurationError,
+    CorruptRecord,
+    EncodingError,
+    OnceOnlyError,
+    ReplayedError,
+)
 
 __all__ = ["Outcome"]
 
@@ -92,8 +98,14 @@ def replayed_result(
 ) -> Any:
     """The stored result of a completed ``record``; raises its cached error instead.
 
-    A cached error whose class is no longer in ``cache_errors`` is raised as
-    :class:`~onceonly.ReplayedError` carrying the original summary.
+    The result is decoded type-preserving (a replay returns what the first run
+    returned; ``result_type`` rebuilds dataclasses and models). A cached error whose
+    class is no longer in ``cache_errors`` is raised as :class:`~onceonly.ReplayedError`
+    carrying the original summary.
+
+    Raises:
+        CorruptRecord: the stored result cannot be decoded, or no longer fits
+            ``result_type`` (the record is left as it is).
     """
     if record.error is not None and record.result is not None:
         exc = codec.decode_error(record.result, cache_errors)
@@ -102,7 +114,17 @@ def replayed_result(
                 f"cached error replayed: {record.error}", key=record.key, scope=record.scope
             )
         raise exc
-    return codec.decode(record.result, result_type) if record.result else None
+    if not record.result:
+        return None
+    try:
+        return codec.decode(record.result, result_type)
+    except EncodingError as exc:
+        raise CorruptRecord(
+            f"the stored result of {record.scope!r}/{record.key!r} cannot be replayed: "
+            f"{exc.message}",
+            key=record.key,
+            scope=record.scope,
+        ) from exc
 
 
 def failure_write(

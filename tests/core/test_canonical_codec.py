@@ -75,7 +75,7 @@ def test_canonical_json_sorts_keys_and_strips_whitespace() -> None:
         (["é"], '["é"]'.encode()),
         (dt.date(2024, 5, 1), b'"2024-05-01"'),
         (uuid.UUID(int=1), b'"00000000-0000-0000-0000-000000000001"'),
-        ({1: "x"}, b'{"1":"x"}'),
+        ({1: "x"}, b'{"$map":[[1,"x"]]}'),
         (bytearray(b"\xff\x00"), b'{"$bytes":"/wA="}'),
     ],
 )
@@ -140,12 +140,13 @@ def test_canonical_json_rejects(value: Any) -> None:
 
 
 def test_fingerprint_is_sha256_of_canonical_json() -> None:
-    """The default fingerprint is 64 hex characters and ignores key order and 1 vs 1.0."""
+    """The default fingerprint is '2:' + 64 hex characters; key order and 1 vs 1.0 do not count."""
     fp = fingerprint({"a": 1, "b": [1, 2]})
-    assert len(fp) == 64
+    assert fp.startswith("2:")
+    assert len(fp) == 66
     assert fp == fingerprint({"b": [1.0, 2], "a": 1})
     assert fp != fingerprint({"a": 1, "b": [2, 1]})
-    assert fp == onceonly.content_key({"a": 1, "b": [1, 2]})
+    assert fp == "2:" + onceonly.content_key({"a": 1, "b": [1, 2]})
 
 
 def test_fingerprint_fields() -> None:
@@ -203,8 +204,13 @@ def test_encode_is_compact_json() -> None:
 def test_dataclass_round_trip() -> None:
     """A dataclass with a nested dataclass and list[dataclass] is rebuilt via result_type."""
     text = codec.encode(ORDER)
-    assert json.loads(text)["ship_to"] == {"city": "Lyon", "zip": "69001"}
-    assert codec.decode(text) == json.loads(text)  # no type: plain JSON data
+    assert codec.decode(text) == {  # no type: the mapping of its fields
+        "id": "o-1",
+        "ship_to": {"city": "Lyon", "zip": "69001"},
+        "items": [{"sku": "a", "qty": 1}, {"sku": "b", "qty": 2}],
+        "tags": ("gift", "rush"),
+        "note": None,
+    }
     back = codec.decode(text, Order)
     assert back == ORDER
     assert isinstance(back.ship_to, Address)
@@ -241,20 +247,26 @@ def test_decode_none_and_plain_types() -> None:
         ((1, 2), "[1,2]"),
     ],
 )
-def test_encode_extra_types(value: Any, expected: str) -> None:
-    """Sets (sorted), Decimals (as text), datetimes and UUIDs are encoded."""
-    assert codec.encode(value) == expected
+def test_encode_extra_types_as_plain_json(value: Any, expected: str) -> None:
+    """Payloads: sets (sorted), Decimals (as text), datetimes and UUIDs as plain JSON."""
+    assert codec.encode(value, what="payload") == expected
 
 
-@pytest.mark.parametrize(
-    "value",
-    [object(), {"x": object()}, {1, "a"}, Boom("x"), b"bytes", math.nan, [math.inf]],
-)
-def test_encode_rejects(value: Any) -> None:
-    """Objects JSON cannot hold, unsortable sets and NaN/inf are EncodingErrors (TypeErrors)."""
+@pytest.mark.parametrize("typed", [True, False], ids=["result", "payload"])
+@pytest.mark.parametrize("value", [object(), {"x": object()}, Boom("x"), math.nan, [math.inf]])
+def test_encode_rejects(value: Any, typed: bool) -> None:
+    """Objects JSON cannot hold and NaN/inf are EncodingErrors (TypeErrors)."""
     with pytest.raises(onceonly.EncodingError, match="cannot be stored as JSON") as info:
-        codec.encode(value)
+        codec.encode(value, typed=typed)
     assert isinstance(info.value, TypeError)
+
+
+@pytest.mark.parametrize("value", [{1, "a"}, b"bytes"])
+def test_plain_encoding_rejects_unsortable_sets_and_bytes(value: Any) -> None:
+    """Payloads stay plain JSON: no bytes, and sets must sort (results keep both)."""
+    with pytest.raises(onceonly.EncodingError, match="cannot be stored as JSON"):
+        codec.encode(value, what="payload")
+    assert codec.decode(codec.encode(value)) == value
 
 
 def test_encode_names_what() -> None:
@@ -303,7 +315,7 @@ def test_encode_error_round_trip() -> None:
 
 
 def test_encode_error_stringifies_non_json_args() -> None:
-    """Arguments JSON cannot hold are stored as their str()."""
+    """Arguments JSON cannot hold are stored as their repr() (here the same as str())."""
     text = codec.encode_error(ValueError(object, {1, 2}))
     assert json.loads(text)["args"] == [str(object), str({1, 2})]
 

@@ -454,3 +454,22 @@ def test_policy_minimums_are_accepted() -> None:
     policy = Policy(lease_seconds=0.001, max_attempts=1)
     assert policy.max_attempts == 1
     assert Policy(lease_seconds=1.0).max_attempts == 5
+
+
+def test_fingerprints_of_another_scheme_are_not_a_mismatch() -> None:
+    """A record fingerprinted by an older scheme replays; a retake stores the new one."""
+    old = "a" * 64  # scheme 1: a bare hex digest
+    new = "2:" + "b" * 64
+    completed = rec(State.COMPLETED, fingerprint=old, result='"ok"', expires_at=NOW + 60)
+    assert decide(completed, NOW, new, POLICY, TOKEN).action is Action.REPLAY
+    failed = rec(State.FAILED, fingerprint=old, attempts=1)
+    decision = decide(failed, NOW, new, POLICY, TOKEN)
+    assert decision.action is Action.RUN
+    assert decision.write is not None and decision.write.fingerprint == new
+    # same scheme, other payload: still a mismatch
+    assert (
+        decide(
+            dataclasses.replace(failed, fingerprint=new), NOW, "2:" + "c" * 64, POLICY, TOKEN
+        ).action
+        is Action.MISMATCH
+    )

@@ -1,9 +1,44 @@
 # SPDX-License-Identifier: MIT
-"""Canonical JSON for fingerprints and content keys.
+"""Canonical JSON for fingerprints and content keys (spec §2.2, fingerprint scheme 2).
 
-Two payloads that mean the same get the same bytes: mapping keys are sorted, no
-insignificant whitespace is emitted, JSON text is parsed first, and numbers are
-normalised (an integral float or Decimal becomes an int, so ``1 == 1.0``).
+Two payloads that mean the same get the same bytes, and two payloads that do not get
+different bytes (the form is injective on everything it accepts; what it cannot encode
+that way it refuses with :class:`~onceonly.EncodingError`).
+
+Intended equivalences (documented, tested):
+
+* mapping key order and the whitespace of JSON text do not count; JSON text (``str``
+  or UTF-8 ``bytes``) is parsed first, its numbers read as IEEE 754 doubles;
+* numbers are compared by value: ``1 == 1.0 == Decimal("1.00")``, ``0.5 ==
+  Decimal("0.5")`` (a Decimal equals a float when it is exactly the float's shortest
+  decimal spelling; other Decimals keep every digit);
+* a tuple is a list, a dataclass the mapping of its fields, a date/time the ISO text
+  JSON would carry, a UUID its canonical text.
+
+Encoding rules that keep it injective:
+
+* a tag is a one-member object whose name is ``$`` and a letter: ``{"$text": s}`` (a
+  top-level str that is not JSON), ``{"$bytes": b64}`` (bytes that are not UTF-8
+  JSON, and bytes inside a payload), ``{"$map": [[k, v], ...]}`` (a mapping with a
+  key that is not text; entries sorted by the key's canonical bytes) and
+  ``{"$decimal": "<digits>e<exp>"}`` (a Decimal that no float spells);
+* a user's mapping key that starts with ``$`` gets one more ``$`` (``"$x"`` is written
+  ``"$$x"``), so user data can never spell a tag;
+* two keys of one mapping with the same canonical form (``date(2024, 5, 1)`` and
+  ``"2024-05-01"``) are refused rather than one of them dropped.
+
+Limits, so that every call ends quickly whatever the payload:
+
+* ``MAX_DEPTH``: containers nested deeper than this are refused (JSON text included);
+  so are circular structures;
+* ``MAX_INT_DIGITS``: integers (and integral Decimals) with more decimal digits are
+  refused (Python's own int/str conversion limit; it is quadratic beyond), as are
+  Decimals whose coefficient has more digits; a Decimal's exponent is never expanded
+  past it (``Decimal("1e999999999")`` is refused at once, not computed);
+* non-finite numbers (``NaN``, ``Infinity``, ``1e999`` in JSON text or as a float,
+  Decimal ``NaN``/``sNaN``/``Infinity``) and text with lone surrogates (not UTF-8
+  encodable) are refused; so are duplicate member names in JSON text (readers
+  disagree on which one wins).
 """
 
 from __future__ import annotations
@@ -11,6 +46,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import math
 import uuid
@@ -20,56 +56,186 @@ from typing import Any
 
 from onceonly.errors import EncodingError
 
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "canonical_json"]
 
-def _normalise(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
+MAX_DEPTH = 100
+"""Deepest nesting of containers (lists, tuples, mappings, dataclasses) a payload may have."""
+
+MAX_INT_DIGITS = 4300
+"""Most decimal digits a number may have (Python's default int/str conversion limit)."""
+
+# an int with more bits than this certainly has more than MAX_INT_DIGITS digits
+_MAX_INT_BITS = math.ceil(MAX_INT_DIGITS * math.log2(10)) + 1
+
+_HOW = "pass fingerprint= (a callable) or fields= to choose what identifies the payload"
+
+
+def _refuse(why: str) -> EncodingError:
+    return EncodingError(f"cannot fingerprint the payload: {why}; {_HOW}")
+
+
+class _Canonicaliser:
+    """One walk over a payload: normalises it into JSON-ready data."""
+
+    def __init__(self) -> None:
+        self.active: set[int] = set()  # ids of the containers on the current path
+
+    def value(self, value: Any, depth: int) -> Any:
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if isinstance(value, int):
+            return _integer(int(value))
+        if isinstance(value, float):
+            return _float(value)
+        if isinstance(value, Decimal):
+            return _decimal(value)
+        if isinstance(value, (dt.datetime, dt.date, dt.time)):
+            return value.isoformat()
+        if isinstance(value, uuid.UUID):
+            return str(value)
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
+        is_dataclass = dataclasses.is_dataclass(value) and not isinstance(value, type)
+        if not (is_dataclass or isinstance(value, (Mapping, list, tuple))):
+            raise _refuse(f"a {type(value).__name__} has no canonical form")
+        if depth >= MAX_DEPTH:
+            raise _refuse(f"it is nested deeper than {MAX_DEPTH} levels (MAX_DEPTH)")
+        marker = id(value)
+        if marker in self.active:
+            raise _refuse("it is circular (it contains itself)")
+        self.active.add(marker)
+        try:
+            if isinstance(value, (list, tuple)):
+                return [self.value(v, depth + 1) for v in value]
+            if is_dataclass:
+                value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            return self.mapping(value, depth + 1)
+        finally:
+            self.active.discard(marker)
+
+    def mapping(self, value: Mapping[Any, Any], depth: int) -> Any:
+        entries = [(self.value(k, depth), self.value(v, depth)) for k, v in value.items()]
+        if all(isinstance(k, str) for k, _ in entries):
+            out = {("$" + k if k.startswith("$") else k): v for k, v in entries}
+            if len(out) < len(entries):
+                raise _refuse("two keys of a mapping have the same canonical form")
+            return out
+        keyed = sorted(((_dumps(k), k, v) for k, v in entries), key=lambda e: e[0])
+        for (a, _, _), (b, _, _) in itertools.pairwise(keyed):
+            if a == b:
+                raise _refuse("two keys of a mapping have the same canonical form")
+        return {"$map": [[k, v] for _, k, v in keyed]}
+
+
+def _integer(value: int) -> int:
+    if value.bit_length() > _MAX_INT_BITS or len(_digits(value)) > MAX_INT_DIGITS:
+        raise _refuse(f"an integer has more than {MAX_INT_DIGITS} digits (MAX_INT_DIGITS)")
+    return value
+
+
+def _digits(value: int) -> str:
+    try:
+        return str(abs(value))
+    except ValueError:  # past sys.get_int_max_str_digits(), when set lower than ours
+        raise _refuse("an integer has too many digits for this interpreter") from None
+
+
+def _float(value: float) -> int | float:
+    if not math.isfinite(value):
+        raise _refuse(f"the non-finite number {value!r}")
+    return int(value) if value.is_integer() else float(value)
+
+
+def _decimal(value: Decimal) -> Any:
+    """A Decimal by its exact value, without ever expanding a huge exponent."""
+    if not value.is_finite():
+        raise _refuse(f"the non-finite number {value!r}")
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)  # finite
+    if len(digits) > MAX_INT_DIGITS:
+        raise _refuse(f"a Decimal has more than {MAX_INT_DIGITS} digits (MAX_INT_DIGITS)")
+    coefficient = "".join(map(str, digits)).rstrip("0")
+    if not coefficient:
+        return 0
+    exponent += len(digits) - len(coefficient)
+    if exponent >= 0:  # an integer: as many digits as the coefficient plus the exponent
+        if len(coefficient) + exponent > MAX_INT_DIGITS:
+            raise _refuse(f"a number has more than {MAX_INT_DIGITS} digits (MAX_INT_DIGITS)")
+        number = int(coefficient) * 10**exponent
+        return -number if sign else number
+    as_float = float(value)
+    if math.isfinite(as_float) and Decimal(repr(as_float)) == value:
+        return as_float  # the same number as the float that JSON would carry
+    return {"$decimal": f"{'-' if sign else ''}{coefficient}e{exponent}"}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class _JsonText:
+    """Parses JSON text strictly enough that its meaning is unambiguous."""
+
+    @staticmethod
+    def constant(name: str) -> Any:
+        raise _refuse(f"JSON text holds the non-finite number {name}")
+
+    @staticmethod
+    def number(text: str) -> float:
+        value = float(text)
         if not math.isfinite(value):
-            raise EncodingError(f"cannot fingerprint the non-finite number {value!r}")
-        return int(value) if value.is_integer() else value
-    if isinstance(value, Decimal):
-        if not value.is_finite():
-            raise EncodingError(f"cannot fingerprint the non-finite number {value!r}")
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                k = str(k)
-            out[k] = _normalise(v)
+            raise _refuse(f"JSON text holds a number out of range ({text[:20]})")
+        return value
+
+    @staticmethod
+    def integer(text: str) -> int:
+        if len(text.lstrip("-")) > MAX_INT_DIGITS:
+            raise _refuse(f"JSON text holds an integer of more than {MAX_INT_DIGITS} digits")
+        return int(text)
+
+    @staticmethod
+    def members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(pairs)
+        if len(out) < len(pairs):
+            raise _refuse("JSON text holds an object with a duplicate member name")
         return out
-    if isinstance(value, (list, tuple)):
-        return [_normalise(v) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _normalise(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (dt.datetime, dt.date, dt.time)):
-        return value.isoformat()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
-    raise EncodingError(
-        f"cannot fingerprint a {type(value).__name__}; pass fingerprint= (a callable) "
-        "or fields= to choose what identifies the payload"
-    )
+
+    @classmethod
+    def parse(cls, text: str) -> tuple[bool, Any]:
+        """``(True, value)`` for JSON text, ``(False, None)`` for other text."""
+        try:
+            return True, json.loads(
+                text,
+                parse_constant=cls.constant,
+                parse_float=cls.number,
+                parse_int=cls.integer,
+                object_pairs_hook=cls.members,
+            )
+        except RecursionError:
+            raise _refuse(f"its JSON text is nested deeper than {MAX_DEPTH} levels") from None
+        except ValueError:
+            return False, None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Text:
+    """A top-level str that is not JSON text: tagged, so it never equals a JSON value."""
+
+    text: str
 
 
 def _parse_text(payload: Any) -> Any:
-    """JSON text (str or bytes) is compared by meaning; other text by its exact content."""
+    """JSON text (str or UTF-8 bytes) is compared by meaning; other text by its content."""
     if isinstance(payload, (bytes, bytearray, memoryview)):
         raw = bytes(payload)
         try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return {"$bytes": base64.b64encode(raw).decode("ascii")}
+            ok, value = _JsonText.parse(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            ok, value = False, None
+        return value if ok else raw
     if isinstance(payload, str):
-        try:
-            return json.loads(payload)
-        except ValueError:
-            return {"$text": payload}
+        ok, value = _JsonText.parse(payload)
+        return value if ok else _Text(payload)
     return payload
 
 
@@ -82,7 +248,8 @@ def canonical_json(payload: Any, fields: Iterable[str] | None = None) -> bytes:
             field counts as ``null``.
 
     Raises:
-        EncodingError: the payload holds something without a canonical form.
+        EncodingError: the payload holds something without a canonical form, or is
+            past a limit (``MAX_DEPTH``, ``MAX_INT_DIGITS``). Every call ends quickly.
     """
     value = _parse_text(payload)
     if fields is not None:
@@ -91,6 +258,13 @@ def canonical_json(payload: Any, fields: Iterable[str] | None = None) -> bytes:
         if not isinstance(value, Mapping):
             raise EncodingError(f"fields= needs a mapping payload, not {type(value).__name__}")
         value = {name: value.get(name) for name in fields}
-    return json.dumps(
-        _normalise(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    ).encode("utf-8")
+    try:
+        if isinstance(value, _Text):
+            normal: Any = {"$text": value.text}
+        else:
+            normal = _Canonicaliser().value(value, 0)
+        return _dumps(normal).encode("utf-8")
+    except UnicodeEncodeError:
+        raise _refuse("it holds text with a lone surrogate (not valid Unicode)") from None
+    except RecursionError:  # only when the caller's stack is already nearly full
+        raise _refuse("it is nested too deeply for the remaining stack") from None

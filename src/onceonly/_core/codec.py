@@ -1,27 +1,216 @@
 # SPDX-License-Identifier: MIT
-"""The result codec: JSON text, dataclasses supported, never pickle.
+"""The result codec: JSON text, type-preserving for results, never pickle.
 
-Encoded results are bounded by ``max_bytes`` (:class:`TooLarge` past it). On decode, a
-dataclass type (from the handler's return annotation or ``result_type=``) is rebuilt
-from the stored mapping, recursively through its annotated fields.
+**Results** (``what="result"``, the default) use the *typed* encoding, so a replay returns
+a value equal to the first run's, of the same type (spec §2.7):
+
+* plain JSON data (str-keyed dicts, lists, str, int, finite float, bool, None) is
+  stored as compact JSON, exactly as before this encoding existed;
+* anything else is stored as ``"v2:"`` + JSON in which a one-member object named ``$``
+  and a letter is a tag: ``$datetime`` (ISO text, or ``[ISO, zone]`` for a
+  :class:`zoneinfo.ZoneInfo`), ``$date``, ``$time``, ``$timedelta`` (``[days, seconds,
+  microseconds]``), ``$decimal`` (its exact text), ``$uuid``, ``$bytes`` and
+  ``$bytearray`` (base64), ``$tuple``, ``$set``, ``$frozenset`` (members in a stable
+  order) and ``$dict`` (``[[key, value], ...]`` for a dict with a key that is not a
+  str). A user's dict key that starts with ``$`` gets one more ``$``, so user data
+  never reads as a tag. The ``v2:`` prefix makes the text invalid JSON, so a result
+  stored by the old plain encoding (always valid JSON) is never mistaken for it and
+  still decodes as before.
+* dataclasses are stored as the mapping of their fields and pydantic models (anything
+  with ``model_dump``) as ``model_dump(mode="json")``; they come back as that mapping
+  unless ``decode`` is given a ``result_type``, which rebuilds them (dataclass fields
+  from their annotations; models through ``model_validate_json``/``model_validate``,
+  and pydantic ``TypeAdapter`` objects through ``validate_json``/``validate_python``).
+  Int/str enums are stored as their value and rebuilt from an annotation too.
+* Subclasses are stored as their base type (an ``OrderedDict`` comes back a dict);
+  ``NaN``, infinities, ``memoryview``, plain enums and other objects are refused with
+  :class:`EncodingError`, as are values nested deeper than ``MAX_DEPTH`` or circular.
+
+**Payload snapshots, checkpoints and outbox payloads** (any other ``what``) use the
+*plain* encoding: JSON that other programs read (brokers, consumers, an operator
+redriving a message), with datetimes, dates and times as ISO text, Decimals and UUIDs as
+text, sets as sorted lists and dataclasses/models as mappings.
+
+Encoded text is bounded by ``max_bytes`` (:class:`TooLarge` past it) and is pure ASCII
+(``\\u`` escapes), so any store can hold it.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
+import enum
 import json
-import typing
+import math
 import uuid
+import zoneinfo
+from collections import abc
 from decimal import Decimal
 from typing import Any
 
+from onceonly._core.canonical import MAX_DEPTH
+from onceonly._core.rebuild import Decoder, damaged
 from onceonly.errors import EncodingError, TooLarge
 
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "ERROR_ARG_LIMIT",
+    "ERROR_SUMMARY_LIMIT",
+    "TYPED_PREFIX",
+    "decode",
+    "decode_error",
+    "encode",
+    "encode_error",
+    "error_summary",
+]
+
 DEFAULT_MAX_BYTES = 1024 * 1024
+"""The default bound on an encoded result, in UTF-8 bytes."""
+
+TYPED_PREFIX = "v2:"
+"""Marks a result stored by the typed encoding (never the start of JSON text)."""
+
+ERROR_SUMMARY_LIMIT = 2000
+"""The default length, in characters, of an error summary."""
+
+ERROR_ARG_LIMIT = 2000
+"""The longest text (in characters) kept for one argument of a cached error."""
 
 
-def _default(value: Any) -> Any:
+def _is_model_instance(value: Any) -> bool:
+    cls = type(value)
+    return callable(getattr(cls, "model_dump", None)) and hasattr(cls, "model_validate")
+
+
+def _cannot(what: str, why: str) -> EncodingError:
+    return EncodingError(
+        f"the {what} cannot be stored as JSON ({why}); "
+        "return JSON data, a dataclass or a pydantic model"
+    )
+
+
+# -- the typed encoding
+
+
+class _Tagger:
+    """One walk over a value: JSON-ready data with tags (see the module docstring)."""
+
+    def __init__(self, what: str, *, escape: bool) -> None:
+        self.what = what
+        self.escape = escape
+        self.tagged = False  # a tag was needed: the text must say so
+        self.escaped = False  # a "$" key was met
+        self.active: set[int] = set()
+
+    def tag(self, name: str, inner: Any) -> dict[str, Any]:
+        self.tagged = True
+        return {name: inner}
+
+    def value(self, value: Any, depth: int) -> Any:
+        if value is None or isinstance(value, (bool, str, int)):
+            return value
+        if isinstance(value, enum.Enum):  # rebuilt from an annotation (result_type)
+            return self.value(value.value, depth)
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise _cannot(self.what, f"the non-finite number {value!r}")
+            return value
+        scalar = self.scalar(value)
+        if scalar is not None:
+            return scalar
+        if depth >= MAX_DEPTH:
+            raise _cannot(self.what, f"it is nested deeper than {MAX_DEPTH} levels")
+        marker = id(value)
+        if marker in self.active:
+            raise _cannot(self.what, "it is circular (it contains itself)")
+        self.active.add(marker)
+        try:
+            return self.container(value, depth + 1)
+        finally:
+            self.active.discard(marker)
+
+    def scalar(self, value: Any) -> dict[str, Any] | None:
+        if isinstance(value, dt.datetime):
+            if value.tzinfo is not None and value.utcoffset() is None:
+                raise _cannot(self.what, "a datetime whose zone gives no UTC offset")
+            zone = value.tzinfo
+            if isinstance(zone, zoneinfo.ZoneInfo) and zone.key:
+                return self.tag("$datetime", [value.isoformat(), zone.key])
+            return self.tag("$datetime", value.isoformat())
+        if isinstance(value, dt.date):
+            return self.tag("$date", value.isoformat())
+        if isinstance(value, dt.time):
+            if value.tzinfo is not None and value.utcoffset() is None:
+                raise _cannot(self.what, "a time whose zone gives no fixed UTC offset")
+            return self.tag("$time", value.isoformat())
+        if isinstance(value, dt.timedelta):
+            return self.tag("$timedelta", [value.days, value.seconds, value.microseconds])
+        if isinstance(value, Decimal):
+            return self.tag("$decimal", str(value))
+        if isinstance(value, uuid.UUID):
+            return self.tag("$uuid", str(value))
+        if isinstance(value, bytes):
+            return self.tag("$bytes", base64.b64encode(value).decode("ascii"))
+        if isinstance(value, bytearray):
+            return self.tag("$bytearray", base64.b64encode(value).decode("ascii"))
+        return None
+
+    def container(self, value: Any, depth: int) -> Any:
+        if isinstance(value, list):
+            return [self.value(v, depth) for v in value]
+        if isinstance(value, abc.Mapping):
+            return self.mapping(value, depth)
+        if isinstance(value, tuple):
+            return self.tag("$tuple", [self.value(v, depth) for v in value])
+        if isinstance(value, (set, frozenset)):
+            members = [self.value(v, depth) for v in value]
+            members.sort(key=lambda m: json.dumps(m, sort_keys=True))
+            return self.tag("$frozenset" if isinstance(value, frozenset) else "$set", members)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            return self.mapping(fields, depth)
+        if _is_model_instance(value):
+            try:
+                dumped = value.model_dump(mode="json")
+            except Exception as exc:
+                raise _cannot(self.what, f"model_dump() failed: {exc!r}") from exc
+            return self.value(dumped, depth - 1)
+        raise _cannot(self.what, f"a {type(value).__name__} has no encoding")
+
+    def mapping(self, value: abc.Mapping[Any, Any], depth: int) -> Any:
+        if all(isinstance(k, str) for k in value):
+            out: dict[str, Any] = {}
+            for k, v in value.items():
+                if k.startswith("$"):
+                    self.escaped = True
+                    if self.escape:
+                        k = "$" + k
+                out[k] = self.value(v, depth)
+            return out
+        return self.tag(
+            "$dict", [[self.value(k, depth), self.value(v, depth)] for k, v in value.items()]
+        )
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False, check_circular=False)
+
+
+def _typed(value: Any, what: str) -> str:
+    tagger = _Tagger(what, escape=True)
+    data = tagger.value(value, 0)
+    if tagger.tagged:
+        return TYPED_PREFIX + _dumps(data)
+    if tagger.escaped:  # plain JSON after all: store it without the escapes
+        data = _Tagger(what, escape=False).value(value, 0)
+    return _dumps(data)
+
+
+# -- the plain encoding
+
+
+def _plain_default(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, (dt.datetime, dt.date, dt.time)):
@@ -31,93 +220,189 @@ def _default(value: Any) -> Any:
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    raise TypeError(type(value).__name__)
+        try:
+            return sorted(value)
+        except Exception as exc:  # TypeError, or InvalidOperation for Decimal('NaN')
+            raise TypeError(f"the members of a set do not sort ({exc!r})") from exc
+    if _is_model_instance(value):
+        try:
+            return value.model_dump(mode="json")
+        except Exception as exc:
+            raise TypeError(f"model_dump() failed: {exc!r}") from exc
+    raise TypeError(f"a {type(value).__name__} has no JSON form")
 
 
-def encode(value: Any, *, max_bytes: int = DEFAULT_MAX_BYTES, what: str = "result") -> str:
-    """Encode ``value`` as compact JSON text.
+def _plain(value: Any) -> str:
+    return json.dumps(value, default=_plain_default, separators=(",", ":"), allow_nan=False)
+
+
+def encode(
+    value: Any,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    what: str = "result",
+    typed: bool | None = None,
+) -> str:
+    """Encode ``value`` as compact JSON text (see the module docstring).
+
+    Args:
+        value: the value to store.
+        max_bytes: the bound on the encoded text, in UTF-8 bytes.
+        what: what is encoded (named in errors): ``"result"``, ``"payload"``, ...
+        typed: use the typed encoding (read back with :func:`decode`); by default
+            results are typed and anything else is plain JSON.
 
     Raises:
-        EncodingError: the value has a part JSON cannot hold.
+        EncodingError: the value has a part the encoding cannot hold, is nested deeper
+            than ``MAX_DEPTH``, or is circular.
         TooLarge: the encoding is longer than ``max_bytes`` bytes (UTF-8).
     """
+    if typed is None:
+        typed = what == "result"
     try:
-        text = json.dumps(value, default=_default, separators=(",", ":"), allow_nan=False)
+        text = _typed(value, what) if typed else _plain(value)
+    except EncodingError:
+        raise
+    except RecursionError:
+        raise _cannot(what, "it is nested too deeply") from None
     except (TypeError, ValueError) as exc:
-        raise EncodingError(
-            f"the {what} cannot be stored as JSON ({exc}); return JSON data or a dataclass"
-        ) from exc
+        raise _cannot(what, str(exc)) from exc
     size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise TooLarge(f"the encoded {what} is {size} bytes; the limit is {max_bytes}")
     return text
 
 
+# -- decoding
+
+
 def decode(text: str, result_type: Any = None) -> Any:
-    """Decode JSON ``text``; rebuild ``result_type`` when it is a dataclass."""
-    return _rebuild(json.loads(text), result_type)
+    """Decode a stored result; rebuild ``result_type`` when given.
+
+    Args:
+        text: what :func:`encode` returned, or a result stored by the older plain
+            encoding (decoded as the JSON it is).
+        result_type: a dataclass, a pydantic model or ``TypeAdapter``, a container or
+            Optional of those, or any annotation (values that do not fit it are returned
+            as stored).
+
+    Raises:
+        EncodingError: the text is damaged, or a stored mapping no longer fits the
+            dataclass or model it should be rebuilt as.
+    """
+    legacy = not text.startswith(TYPED_PREFIX)
+    try:
+        node = json.loads(text if legacy else text[len(TYPED_PREFIX) :])
+    except RecursionError:
+        raise damaged("it is nested too deeply") from None
+    except ValueError as exc:
+        raise damaged(f"it is not JSON ({exc})") from exc
+    if legacy and result_type is None:
+        return node
+    try:
+        return Decoder(legacy=legacy).decode(node, result_type, 0)
+    except RecursionError:
+        raise damaged("it is nested too deeply") from None
 
 
-def _rebuild(value: Any, tp: Any) -> Any:
-    if tp is None or value is None:
-        return value
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type) and isinstance(value, dict):
-        try:
-            hints = typing.get_type_hints(tp)
-        except Exception:  # unresolvable annotations: build from plain values
-            hints = {}
-        kwargs = {
-            f.name: _rebuild(value[f.name], hints.get(f.name))
-            for f in dataclasses.fields(tp)
-            if f.init and f.name in value
-        }
-        return tp(**kwargs)
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin is typing.Union or type(tp).__name__ == "UnionType":  # Optional[A], A | None
-        for arg in args:
-            if dataclasses.is_dataclass(arg) and isinstance(value, dict):
-                return _rebuild(value, arg)
-        return value
-    if origin is dict and isinstance(value, dict) and len(args) == 2:
-        return {k: _rebuild(v, args[1]) for k, v in value.items()}
-    if origin in (list, tuple) and isinstance(value, list) and args:
-        inner = args[0]
-        items = [_rebuild(v, inner) for v in value]
-        return tuple(items) if origin is tuple else items
-    return value
+# -- errors
+
+
+def _storable(text: str) -> str:
+    """``text`` without NUL characters and lone surrogates (escaped as ``\\x00``, ``\\udXXX``)."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _text_of(value: Any, how: Any) -> str | None:
+    """``how(value)`` (``str``, ``repr``, ...), or ``None`` when that raises."""
+    try:
+        text = how(value)
+    except Exception:
+        return None
+    return text if isinstance(text, str) else None
+
+
+def _class_name(value: Any) -> str:
+    return _text_of(type(value), lambda c: c.__qualname__) or "object"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
 def encode_error(exc: BaseException) -> str:
-    """Encode an exception for replay to duplicates: its class path and its arguments."""
+    """Encode an exception for replay to duplicates: its class path and its arguments.
+
+    Never raises. Arguments JSON cannot hold (or longer than ``ERROR_ARG_LIMIT``
+    characters as JSON) are stored as their ``repr``, cut to that limit; long strings
+    are cut. The text is ASCII JSON any store can hold.
+    """
     cls = type(exc)
+    module = _text_of(cls, lambda c: c.__module__) or "builtins"
+    name = _storable(f"{module}.{_class_name(exc)}")
+    try:
+        raw = tuple(exc.args)
+    except Exception:
+        raw = ()
     args: list[Any] = []
-    for arg in exc.args:
+    for arg in raw:
+        if isinstance(arg, str):
+            args.append(_cut(arg, ERROR_ARG_LIMIT))
+            continue
         try:
-            json.dumps(arg)
-        except (TypeError, ValueError):
-            arg = str(arg)
-        args.append(arg)
-    return json.dumps(
-        {"type": f"{cls.__module__}.{cls.__qualname__}", "args": args}, separators=(",", ":")
-    )
+            text = json.dumps(arg, allow_nan=False)
+        except Exception:  # not JSON (TypeError, ValueError), too deep, a broken object
+            text = None
+        if text is not None and len(text) <= ERROR_ARG_LIMIT:
+            args.append(arg)
+        else:
+            text = _text_of(arg, repr) or f"<unrepresentable {_class_name(arg)}>"
+            args.append(_cut(_storable(text), ERROR_ARG_LIMIT))
+    try:
+        return json.dumps({"type": name, "args": args}, separators=(",", ":"))
+    except Exception:  # an argument changed under us; keep the class at least
+        return json.dumps({"type": name, "args": []}, separators=(",", ":"))
 
 
-def error_summary(exc: BaseException, limit: int = 2000) -> str:
-    """A one-line summary of ``exc`` for the record's ``error`` column."""
-    text = f"{type(exc).__qualname__}: {exc}"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def error_summary(exc: BaseException, limit: int = ERROR_SUMMARY_LIMIT) -> str:
+    """A summary ``"Class: message"`` of ``exc`` for the record's ``error`` column.
+
+    Never raises (an exception whose ``__str__`` fails is summarised by its class).
+    NUL characters and lone surrogates are escaped (``\\x00``, ``\\udXXX``) so that every
+    store can hold the text, and it is cut to ``limit`` characters with an ellipsis.
+    """
+    limit = max(limit, 1)
+    name = _class_name(exc)
+    message = _text_of(exc, str)
+    if message is None:
+        message = f"<unprintable {name}: str() failed>"
+    text = f"{name}: {message[: limit * 2]}"  # bound the work on a huge message
+    return _cut(_storable(text), limit)
 
 
 def decode_error(text: str, candidates: tuple[type[BaseException], ...]) -> BaseException | None:
-    """Rebuild a cached exception if its class is among ``candidates``; else ``None``."""
-    data = json.loads(text)
-    name = data.get("type")
+    """Rebuild a cached exception if its class is among ``candidates``; else ``None``.
+
+    Damaged text, or arguments the class rejects, also give ``None``.
+    """
+    try:
+        data = json.loads(text)
+        name = data.get("type")
+        args = data.get("args", [])
+        if not isinstance(args, list):
+            return None
+    except (ValueError, TypeError, AttributeError, RecursionError):
+        return None
     for cls in candidates:
         if f"{cls.__module__}.{cls.__qualname__}" == name:
             try:
-                return cls(*data.get("args", []))
+                return cls(*args)
             except Exception:
                 return None
     return None

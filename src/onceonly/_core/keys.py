@@ -18,7 +18,8 @@ def validate_key(key: object, *, what: str = "key") -> str:
     """Return ``key`` if it is a valid idempotency key, else raise :class:`InvalidKey`.
 
     A valid key is a ``str`` of 1..255 characters with no control characters
-    (C0, DEL, C1), so that it is safe in logs, headers and every store.
+    (C0, DEL, C1) and no lone surrogates (which UTF-8 cannot encode), so that it is
+    safe in logs, headers and every store.
     """
     if not isinstance(key, str):
         raise InvalidKey(f"{what} must be a str, not {type(key).__name__}")
@@ -34,6 +35,11 @@ def validate_key(key: object, *, what: str = "key") -> str:
         code = ord(ch)
         if code < 0x20 or 0x7F <= code <= 0x9F:
             raise InvalidKey(f"{what} contains the control character {code:#04x}", key=repr(key))
+        if 0xD800 <= code <= 0xDFFF:
+            raise InvalidKey(
+                f"{what} contains the lone surrogate {code:#06x} (not valid Unicode)",
+                key=repr(key),
+            )
     return key
 
 
@@ -41,7 +47,11 @@ def content_key(payload: Any, fields: Iterable[str] | None = None) -> str:
     """SHA-256 of the canonical JSON of ``payload`` (or of the ``fields`` subset of a mapping).
 
     Key order, whitespace in JSON text and equal numbers (``1`` and ``1.0``) give the
-    same key. Returns 64 hexadecimal characters.
+    same key; payloads that mean different things never do (spec §2.2.1). Returns 64
+    hexadecimal characters (the hash a scheme-2 fingerprint carries after ``"2:"``).
+
+    Raises:
+        EncodingError: the payload cannot be fingerprinted (spec §2.2.2).
     """
     return hashlib.sha256(canonical_json(payload, fields)).hexdigest()
 
@@ -51,6 +61,8 @@ def _escape_part(part: object) -> str:
         raise InvalidKey(f"composite_key parts must be str, int or float, not {part!r}")
     if isinstance(part, float) and not math.isfinite(part):
         raise InvalidKey(f"composite_key parts must be finite, not {part!r}")
+    if isinstance(part, int) and part.bit_length() > 4 * MAX_KEY_LENGTH:
+        raise InvalidKey("a composite_key part is a number too long for a key")
     text = part if isinstance(part, str) else str(part)
     return text.replace("%", "%25").replace(":", "%3A")
 
@@ -79,6 +91,9 @@ def time_window_key(base: str, window_seconds: float, at: float) -> str:
     """
     if not window_seconds > 0:
         raise InvalidKey("the window must be positive")
-    bucket = math.floor(at / window_seconds)
+    position = at / window_seconds
+    if not math.isfinite(position):
+        raise InvalidKey(f"no window of {window_seconds!r} s holds the time {at!r}")
+    bucket = math.floor(position)
     width = f"{window_seconds:g}s"
     return composite_key(validate_key(base, what="base"), width, bucket)

@@ -44,22 +44,8 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from onceonly._core.fingerprint import comparable
 from onceonly.errors import CorruptRecord
-
-
-def comparable(stored: str, incoming: str) -> bool:
-    """Whether two fingerprints were made by the same scheme (see ``_core.fingerprint``).
-
-    A fingerprint carries its scheme before a colon (``"c:…"`` for a custom one); a bare
-    hex digest is scheme 1. Fingerprints of different schemes cannot be compared, so a
-    change of scheme never turns stored keys into mismatches.
-    """
-    return _scheme(stored) == _scheme(incoming)
-
-
-def _scheme(fp: str) -> str:
-    head, sep, _ = fp.partition(":")
-    return head if sep else "1"
 
 
 class State(str, enum.Enum):
@@ -272,6 +258,16 @@ def decide(
         and comparable(record.fingerprint, fingerprint)
     ):
         return Decision(Action.MISMATCH, record)
+    if (
+        fingerprint is not None
+        and record.fingerprint is not None
+        and not comparable(record.fingerprint, fingerprint)
+    ):
+        # Stored by another fingerprint scheme: not comparable, so not a mismatch; a
+        # retake stores the incoming one, so the key is checked again from then on.
+        record_fp: str | None = fingerprint
+    else:
+        record_fp = record.fingerprint
     state = record.state
     if state is State.COMPLETED:
         return Decision(Action.REPLAY, record)
@@ -292,7 +288,7 @@ def decide(
             Action.RUN,
             record,
             dataclasses.replace(
-                claim_write(record.fingerprint, token, policy, attempts),
+                claim_write(record_fp, token, policy, attempts),
                 checkpoint=record.checkpoint,
                 payload=record.payload,
             ),
@@ -312,7 +308,7 @@ def decide(
         Action.RUN,
         record,
         dataclasses.replace(
-            claim_write(record.fingerprint, token, policy, record.attempts),
+            claim_write(record_fp, token, policy, record.attempts),
             checkpoint=record.checkpoint,
             payload=record.payload,
         ),
