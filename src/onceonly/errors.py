@@ -9,6 +9,7 @@ The tree is organised by what the caller does next::
     ├── PayloadMismatch       (ValueError)   same key, other payload: a client bug, never a replay
     ├── TooLarge              (ValueError)   payload or result past the configured limit
     ├── EncodingError         (TypeError)    a result that cannot be encoded as JSON
+    │   └── InvalidPayload                   a payload without a canonical form: fix the producer
     ├── ConfigurationError    (ValueError)   bad URL, table name, option or missing extra
     ├── InFlight                             a live claim elsewhere: retry later / nack / 409
     ├── DeadLettered                         max_attempts reached: dead-letter it
@@ -35,6 +36,7 @@ __all__ = [
     "EncodingError",
     "InFlight",
     "InvalidKey",
+    "InvalidPayload",
     "LeaseLost",
     "MissingMessageId",
     "OnceOnlyError",
@@ -106,6 +108,18 @@ class TooLarge(OnceOnlyError, ValueError):
 
 class EncodingError(OnceOnlyError, TypeError):
     """A result could not be encoded as JSON (dataclasses and JSON types are supported)."""
+
+
+class InvalidPayload(EncodingError):
+    """A payload cannot be fingerprinted: NaN or infinities, lone surrogates, nesting past
+    the depth limit, a circular structure, numbers past the digit limit (docs/spec.md
+    §2.2.2).
+
+    The message can never be processed as it is: dead-letter it (a broker consumer does)
+    or answer 400, and fix its producer. Nothing was written.
+    """
+
+    status_hint = 400
 
 
 class ConfigurationError(OnceOnlyError, ValueError):

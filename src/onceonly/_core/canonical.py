@@ -3,7 +3,7 @@
 
 Two payloads that mean the same get the same bytes, and two payloads that do not get
 different bytes (the form is injective on everything it accepts; what it cannot encode
-that way it refuses with :class:`~onceonly.EncodingError`).
+that way it refuses with :class:`~onceonly.InvalidPayload`).
 
 Intended equivalences (documented, tested):
 
@@ -54,7 +54,7 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
-from onceonly.errors import EncodingError
+from onceonly.errors import InvalidPayload
 
 __all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "canonical_json"]
 
@@ -70,8 +70,8 @@ _MAX_INT_BITS = math.ceil(MAX_INT_DIGITS * math.log2(10)) + 1
 _HOW = "pass fingerprint= (a callable) or fields= to choose what identifies the payload"
 
 
-def _refuse(why: str) -> EncodingError:
-    return EncodingError(f"cannot fingerprint the payload: {why}; {_HOW}")
+def _refuse(why: str) -> InvalidPayload:
+    return InvalidPayload(f"cannot fingerprint the payload: {why}; {_HOW}")
 
 
 class _Canonicaliser:
@@ -248,7 +248,7 @@ def canonical_json(payload: Any, fields: Iterable[str] | None = None) -> bytes:
             field counts as ``null``.
 
     Raises:
-        EncodingError: the payload holds something without a canonical form, or is
+        InvalidPayload: the payload holds something without a canonical form, or is
             past a limit (``MAX_DEPTH``, ``MAX_INT_DIGITS``). Every call ends quickly.
     """
     value = _parse_text(payload)
@@ -256,7 +256,7 @@ def canonical_json(payload: Any, fields: Iterable[str] | None = None) -> bytes:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
         if not isinstance(value, Mapping):
-            raise EncodingError(f"fields= needs a mapping payload, not {type(value).__name__}")
+            raise InvalidPayload(f"fields= needs a mapping payload, not {type(value).__name__}")
         value = {name: value.get(name) for name in fields}
     try:
         if isinstance(value, _Text):

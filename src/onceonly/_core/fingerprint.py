@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from onceonly._core.canonical import canonical_json
-from onceonly.errors import EncodingError
+from onceonly.errors import InvalidPayload
 
 __all__ = ["SCHEME", "Fingerprinter", "comparable", "fingerprint", "scheme_of"]
 
@@ -55,7 +55,7 @@ def fingerprint(
         ``"2:"`` + 64 hex characters; ``"c:"``/``"c2:"`` + 64 hex for ``custom``.
 
     Raises:
-        EncodingError: the payload (or the custom value) cannot be fingerprinted; see
+        InvalidPayload: the payload (or the custom value) cannot be fingerprinted; see
             :mod:`onceonly._core.canonical` for the limits.
     """
     if custom is not None:
@@ -64,7 +64,7 @@ def fingerprint(
             try:
                 text = value.encode("utf-8")
             except UnicodeEncodeError:
-                raise EncodingError(
+                raise InvalidPayload(
                     "the fingerprint= callable returned text with a lone surrogate"
                 ) from None
             return "c:" + hashlib.sha256(text).hexdigest()

@@ -39,7 +39,8 @@ INBOX      ``DeadLettered``                            DEAD_LETTER ``dead-letter
 INBOX      ``PayloadMismatch``                         DEAD_LETTER ``payload-mismatch``
 INBOX      ``InvalidKey`` (``MissingMessageId``)       DEAD_LETTER ``invalid-id``
 INBOX      ``TooLarge``                                DEAD_LETTER ``too-large``
-INBOX      ``EncodingError``                           DEAD_LETTER ``unencodable``
+INBOX      ``InvalidPayload`` (no canonical form)      DEAD_LETTER ``undecodable``
+INBOX      ``EncodingError`` (the result)              DEAD_LETTER ``unencodable``
 INBOX      ``RecursionError`` (a payload nested too    DEAD_LETTER ``undecodable``
            deep to fingerprint)
 INBOX      other ``StoreError``                        RETRY counted (``store-error``)
@@ -68,6 +69,7 @@ from onceonly.errors import (
     EncodingError,
     InFlight,
     InvalidKey,
+    InvalidPayload,
     PayloadMismatch,
     ReplayedError,
     StoreError,
@@ -266,6 +268,7 @@ _DEAD_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
     (PayloadMismatch, PAYLOAD_MISMATCH),
     (InvalidKey, INVALID_ID),
     (TooLarge, TOO_LARGE),
+    (InvalidPayload, UNDECODABLE),
     (EncodingError, UNENCODABLE),
     (RecursionError, UNDECODABLE),
 )

@@ -37,12 +37,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from typing import Any, cast
 
 try:
@@ -58,7 +56,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from onceonly._core.sql import qmark_to_format, validate_identifier
-from onceonly._core.state import Expect, Record, State, Write
+from onceonly._core.state import Expect, Record, Write
 from onceonly._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
 from onceonly._outbox_sql import OutboxSQL
 from onceonly.errors import (
@@ -68,6 +66,18 @@ from onceonly.errors import (
     StoreUnavailable,
     TransactionAborted,
     TransactionEnded,
+)
+from onceonly.stores._postgres_sql import (
+    _BEGIN,
+    _OPEN_SAVEPOINT,
+    _RELEASE_SAVEPOINT,
+    _UNDO_SAVEPOINT,
+    _lock_timeout,
+    _record,
+    _Statement,
+    _Statements,
+    _write_values,
+    _written,
 )
 from onceonly.types import Params, Snapshot, TxHealth
 
@@ -79,166 +89,12 @@ SCHEMA_VERSION = 1
 SCHEMA_TABLE = "onceonly_schema"
 # pg_advisory_xact_lock key serialising migrations ("onceonly" in ASCII).
 _MIGRATE_LOCK = 0x6F6E63656F6E6C79
-_SAVEPOINT = "onceonly"
 # Fallback reads after a claim that raced a committing insert, before giving up.
 _CLAIM_RACE_RETRIES = 5
-_MAX_LOCK_TIMEOUT_MS = 2**31 - 1
 
 _IDLE = TransactionStatus.IDLE
 _INTRANS = TransactionStatus.INTRANS
 _INERROR = TransactionStatus.INERROR
-
-_COLUMNS = (
-    "scope, key, state, fingerprint, token, attempts, lease_until, result, error, "
-    "payload, checkpoint, created_at, updated_at, completed_at, expires_at"
-)
-# A stored record as a row: times as epoch seconds (double precision).
-_RETURNING = (
-    "r.scope, r.key, r.state, r.fingerprint, r.token, r.attempts, "
-    "date_part('epoch', r.lease_until) AS lease_until, r.result, r.error, r.payload, "
-    "r.checkpoint, date_part('epoch', r.created_at) AS created_at, "
-    "date_part('epoch', r.updated_at) AS updated_at, "
-    "date_part('epoch', r.completed_at) AS completed_at, "
-    "date_part('epoch', r.expires_at) AS expires_at"
-)
-# The values of a new row from a Write; n.ts is the statement's one clock reading.
-_INSERT_VALUES = (
-    "SELECT %s, %s, %s, %s, %s, %s, n.ts + make_interval(secs => %s), %s, %s, %s, %s, "
-    "n.ts, n.ts, CASE WHEN %s THEN n.ts END, n.ts + make_interval(secs => %s)"
-)
-_NOW = "(SELECT clock_timestamp() AS ts) AS n"
-# A written row is returned as just its clock reading (and created_at): every other value
-# is the Write's, and _written() derives the times exactly as PostgreSQL computed them.
-_STAMP = "date_part('epoch', n.ts) AS now"
-_NULLS = ", ".join(["NULL"] * 15)
-# A statement that may wait for another transaction's row lock, bounded: ``cfg`` stashes
-# the current lock_timeout and sets ours (the OFFSET 0 subquery is evaluated first); the
-# DML reads ``cfg`` before touching a row, so the bound is in force when it waits; the
-# outer SELECT restores the old value and always returns exactly one row, so the restore
-# always runs. The lock_timeout is the statement's first parameter.
-_CFG = (
-    "cfg AS MATERIALIZED (SELECT s.old, set_config('lock_timeout', %s, true) AS new "
-    "FROM (SELECT current_setting('lock_timeout') AS old OFFSET 0) AS s)"
-)
-_RESTORE = "set_config('lock_timeout', cfg.old, true)"
-
-
-def _bounded(dml: str) -> str:
-    """``dml`` (which must read ``cfg``) run under the session's lock_timeout; one row."""
-    return f"WITH {_CFG}, res AS ({dml}) SELECT res.*, {_RESTORE} FROM cfg LEFT JOIN res ON true"
-
-
-def _claim(bounded: bool) -> str:
-    """Insert-or-get in one statement; its row is ``inserted, record…, now``.
-
-    An inserted record comes back as NULLs (it is the Write) with its stamp as ``now``;
-    an existing one in full, with the clock when it was read.
-    """
-    source = f"{_NOW}, cfg" if bounded else _NOW
-    ins = (
-        f"ins AS (INSERT INTO {{t}} AS r ({_COLUMNS}) {_INSERT_VALUES} FROM {source} "
-        "ON CONFLICT (scope, key) DO NOTHING RETURNING date_part('epoch', r.updated_at) AS now)"
-    )
-    union = (
-        f"SELECT true AS inserted, {_NULLS}, ins.now FROM ins UNION ALL SELECT false, "
-        f"{_RETURNING}, date_part('epoch', clock_timestamp()) FROM {{t}} AS r "
-        "WHERE r.scope = %s AND r.key = %s AND NOT EXISTS (SELECT 1 FROM ins)"
-    )
-    if bounded:  # one row even when the union is empty (a lost race): see claim()
-        return (
-            f"WITH {_CFG}, {ins}, res AS ({union}) "
-            f"SELECT res.*, {_RESTORE} FROM cfg LEFT JOIN res ON true"
-        )
-    return f"WITH {ins} {union}"
-
-
-def _insert(source: str) -> str:
-    return (
-        f"INSERT INTO {{t}} AS r ({_COLUMNS}) {_INSERT_VALUES} FROM {source} "
-        "ON CONFLICT (scope, key) DO NOTHING RETURNING date_part('epoch', r.updated_at)"
-    )
-
-
-def _update(source: str) -> str:
-    return (
-        "UPDATE {t} AS r SET state = %s, fingerprint = %s, token = %s, attempts = %s, "
-        "lease_until = n.ts + make_interval(secs => %s), result = %s, error = %s, "
-        "payload = %s, checkpoint = %s, updated_at = n.ts, "
-        "completed_at = CASE WHEN %s THEN n.ts END, "
-        "expires_at = n.ts + make_interval(secs => %s) "
-        f"FROM {source} WHERE r.scope = %s AND r.key = %s AND r.token = %s "
-        # The version the write was decided from (spec §2): the state too, and with
-        # ``lapsed`` that the lease (or expiry) has still run out on this statement's clock.
-        "AND r.state = %s AND (NOT %s OR CASE WHEN r.state = 'completed' "
-        "THEN r.expires_at <= n.ts ELSE coalesce(r.lease_until <= n.ts, true) END) "
-        f"RETURNING {_STAMP}, date_part('epoch', r.created_at) AS created_at"
-    )
-
-
-def _renew(source: str) -> str:
-    return (
-        "UPDATE {t} AS r SET lease_until = n.ts + make_interval(secs => %s) "
-        f"FROM {source} WHERE r.scope = %s AND r.key = %s AND r.token = %s "
-        "AND r.state = 'in_progress' RETURNING date_part('epoch', r.lease_until)"
-    )
-
-
-def _checkpoint(source: str) -> str:
-    return (
-        "UPDATE {t} AS r SET checkpoint = %s, updated_at = n.ts, "
-        "lease_until = coalesce(n.ts + make_interval(secs => %s), r.lease_until) "
-        f"FROM {source} WHERE r.scope = %s AND r.key = %s AND r.token = %s "
-        "AND r.state = 'in_progress' RETURNING 1"
-    )
-
-
-@dataclass(frozen=True)
-class _Statement:
-    """One operation's SQL: ``plain``, and ``bounded`` (lock_timeout first, one row)."""
-
-    plain: bytes
-    bounded: bytes
-
-
-@dataclass(frozen=True)
-class _Statements:
-    """The store's statements for one table, rendered once (bytes: psycopg takes them as is)."""
-
-    claim: _Statement
-    get: bytes
-    insert: _Statement
-    update: _Statement
-    renew: _Statement
-    checkpoint: _Statement
-
-    @classmethod
-    def for_table(cls, table: str) -> _Statements:
-        def render(template: str) -> bytes:
-            # Only the validated table name is interpolated; values are always bound.
-            return sql.SQL(template).format(t=sql.Identifier(table)).as_string().encode()
-
-        def both(build: Callable[[str], str]) -> _Statement:
-            return _Statement(
-                plain=render(build(_NOW)), bounded=render(_bounded(build(f"{_NOW}, cfg")))
-            )
-
-        return cls(
-            claim=_Statement(plain=render(_claim(False)), bounded=render(_claim(True))),
-            get=render(
-                f"SELECT {_RETURNING}, date_part('epoch', n.ts) FROM {_NOW} "
-                "LEFT JOIN {t} AS r ON r.scope = %s AND r.key = %s"
-            ),
-            insert=both(_insert),
-            update=both(_update),
-            renew=both(_renew),
-            checkpoint=both(_checkpoint),
-        )
-
-
-_BEGIN = b"BEGIN"
-_OPEN_SAVEPOINT = f"SAVEPOINT {_SAVEPOINT}".encode()
-_RELEASE_SAVEPOINT = f"RELEASE SAVEPOINT {_SAVEPOINT}".encode()
-_UNDO_SAVEPOINT = f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}".encode()
 
 
 class _DriverErrors:
@@ -288,64 +144,6 @@ class _DriverErrors:
             # timeout, serialization failure, deadlock: all worth a retry.
             return StoreUnavailable(f"PostgreSQL is unavailable: {exc}", scope=scope, key=key)
         return StoreError(f"PostgreSQL error: {exc}", scope=scope, key=key)
-
-
-def _record(row: Sequence[Any], at: int = 0) -> Record:
-    """The record in ``row[at:at + 15]`` (the ``_RETURNING`` columns)."""
-    (scope, key, state, fp, token, attempts, lease, result, error, payload, checkpoint,
-     created, updated, completed, expires) = row[at : at + 15]  # fmt: skip
-    return Record(
-        scope, key, State.parse(state, key=key), fp, token, attempts, lease, result, error,
-        payload, checkpoint, created, updated, completed, expires,
-    )  # fmt: skip
-
-
-def _written(scope: str, key: str, write: Write, now: float, created_at: float) -> Record:
-    """The record PostgreSQL stored for ``write`` stamped at ``now``, without reading it.
-
-    Times are whole microseconds: ``now + seconds`` is rounded the way ``make_interval``
-    rounds, then converted back as ``date_part('epoch', …)`` does, so the result equals
-    what a later read returns (``tests/stores/test_postgres_specific.py`` checks this).
-    """
-    now_us = round(now * 1_000_000)
-
-    def after(seconds: float | None) -> float | None:
-        return None if seconds is None else (now_us + round(seconds * 1_000_000)) / 1_000_000
-
-    return Record(
-        scope, key, write.state, write.fingerprint, write.token, write.attempts,
-        after(write.lease_seconds), write.result, write.error, write.payload, write.checkpoint,
-        created_at, now, now if write.completed else None, after(write.ttl_seconds),
-    )  # fmt: skip
-
-
-def _write_values(scope: str, key: str, write: Write) -> tuple[Any, ...]:
-    """The bound values of ``_INSERT_VALUES`` (and the SET list of ``update``)."""
-    return (
-        scope,
-        key,
-        write.state.value,
-        write.fingerprint,
-        write.token,
-        write.attempts,
-        None if write.lease_seconds is None else float(write.lease_seconds),
-        write.result,
-        write.error,
-        write.payload,
-        write.checkpoint,
-        write.completed,
-        None if write.ttl_seconds is None else float(write.ttl_seconds),
-    )
-
-
-def _lock_timeout(lock_wait: float) -> str | None:
-    """``lock_wait`` seconds as a ``lock_timeout`` value (``None``: wait for ever)."""
-    if math.isnan(lock_wait):
-        raise ConfigurationError("lock_wait must be a number of seconds")
-    if math.isinf(lock_wait):
-        return None
-    # lock_timeout = 0 would mean "no limit": the shortest bound is one millisecond.
-    return f"{min(max(1, round(lock_wait * 1000)), _MAX_LOCK_TIMEOUT_MS)}ms"
 
 
 @functools.lru_cache(maxsize=1024)
