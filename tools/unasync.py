@@ -21,6 +21,7 @@ SOURCES = [
     "src/onceonly/tx_async.py",
     "src/onceonly/inbox_async.py",
     "src/onceonly/leased_async.py",
+    "src/onceonly/stores/postgres_session_async.py",
     "src/onceonly/stores/postgres_async.py",
     "src/onceonly/outbox_async.py",
     "src/onceonly/relay_async.py",

@@ -54,9 +54,9 @@ def open_store(url: str, **options: Any) -> Store:
     """
     scheme = _scheme(url)
     if scheme == "sqlite":
-        from onceonly.stores import sqlite
+        from onceonly.stores._sqlite_url import from_url
 
-        return sqlite.from_url(url, **options)
+        return from_url(url, **options)
     if scheme == "memory":
         from onceonly.stores.memory import MemoryStore
 

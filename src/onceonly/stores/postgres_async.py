@@ -34,51 +34,43 @@ so SQL run directly on ``session.connection`` before it is still inside the tran
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, cast
+from typing import Any
 
 try:
     import psycopg
     from psycopg import sql
     from psycopg.conninfo import conninfo_to_dict
     from psycopg.pq import TransactionStatus
-    from psycopg.rows import TupleRow, tuple_row
-    from psycopg_pool import AsyncConnectionPool, PoolClosed
+    from psycopg_pool import AsyncConnectionPool
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "the PostgreSQL store needs psycopg 3 and psycopg-pool: pip install 'onceonly[postgres]'"
     ) from exc
 
-from onceonly._core.sql import qmark_to_format, validate_identifier
-from onceonly._core.state import Expect, Record, Write
+from onceonly._core.sql import validate_identifier
 from onceonly._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
 from onceonly._outbox_sql import OutboxSQL
 from onceonly.errors import (
     ConfigurationError,
-    InFlight,
     StoreError,
-    StoreUnavailable,
-    TransactionAborted,
-    TransactionEnded,
 )
 from onceonly.stores._postgres_sql import (
-    _BEGIN,
-    _OPEN_SAVEPOINT,
-    _RELEASE_SAVEPOINT,
-    _UNDO_SAVEPOINT,
     _lock_timeout,
-    _record,
-    _Statement,
     _Statements,
-    _write_values,
-    _written,
 )
-from onceonly.types import Params, Snapshot, TxHealth
+from onceonly.stores.postgres_session_async import (
+    _AUTOCOMMIT,
+    _IDLE,
+    _INTRANS,
+    AsyncPostgresSession,
+    _DriverErrors,
+    _Transaction,
+)
 
 __all__ = ["AsyncPostgresSession", "AsyncPostgresStore"]
 
@@ -89,66 +81,6 @@ SCHEMA_TABLE = "onceonly_schema"
 # pg_advisory_xact_lock key serialising migrations ("onceonly" in ASCII).
 _MIGRATE_LOCK = 0x6F6E63656F6E6C79
 # Fallback reads after a claim that raced a committing insert, before giving up.
-_CLAIM_RACE_RETRIES = 5
-
-_IDLE = TransactionStatus.IDLE
-_INTRANS = TransactionStatus.INTRANS
-_INERROR = TransactionStatus.INERROR
-
-
-class _DriverErrors:
-    """Translate psycopg and pool errors raised by the store's own statements.
-
-    The one place driver errors become onceonly errors (always ``raise … from exc``).
-    ``waiting``: the statement may have been waiting for another transaction's lock, so a
-    cancellation means that wait ran out (:class:`InFlight`).
-    """
-
-    __slots__ = ("key", "scope", "waiting")
-
-    def __init__(
-        self, scope: str | None = None, key: str | None = None, *, waiting: bool = False
-    ) -> None:
-        self.scope = scope
-        self.key = key
-        self.waiting = waiting
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, psycopg.Error):
-            raise self._translate(exc) from exc
-
-    def _translate(self, exc: psycopg.Error) -> Exception:
-        scope, key = self.scope, self.key
-        if isinstance(exc, psycopg.errors.LockNotAvailable) or (
-            self.waiting and isinstance(exc, psycopg.errors.QueryCanceled)
-        ):
-            return InFlight(
-                "another transaction holds this key and did not finish within lock_wait",
-                scope=scope,
-                key=key,
-            )
-        if isinstance(exc, PoolClosed):
-            return StoreError("the store is closed", scope=scope, key=key)
-        if isinstance(exc, psycopg.errors.UndefinedTable):
-            return StoreError(
-                f"the records table is missing; run store.migrate() first ({exc})",
-                scope=scope,
-                key=key,
-            )
-        if isinstance(exc, psycopg.OperationalError):
-            # Connection lost or refused, pool timeout, admin shutdown, statement
-            # timeout, serialization failure, deadlock: all worth a retry.
-            return StoreUnavailable(f"PostgreSQL is unavailable: {exc}", scope=scope, key=key)
-        return StoreError(f"PostgreSQL error: {exc}", scope=scope, key=key)
-
-
-@functools.lru_cache(maxsize=1024)
-def _user_query(text: str) -> bytes:
-    """The caller's ``?`` SQL in psycopg's ``%s`` style (cached: handlers repeat theirs)."""
-    return qmark_to_format(text).encode()
 
 
 def _conninfo(url: str) -> str:
@@ -167,261 +99,6 @@ def _is_local(conninfo: str) -> bool:
         not host or host.startswith(("/", "@", "127.")) or host in ("localhost", "::1")
         for host in hosts.split(",")
     )
-
-
-_AUTOCOMMIT, _TRANSACTION, _JOINED = "autocommit", "transaction", "joined"
-
-
-class AsyncPostgresSession:
-    """One connection of :class:`AsyncPostgresStore`: autocommit, a transaction of its
-    own, or a savepoint inside the caller's transaction.
-
-    .. versionadded:: 0.1
-    """
-
-    def __init__(
-        self,
-        store: AsyncPostgresStore,
-        conn: psycopg.AsyncConnection[Any],
-        *,
-        mode: str,
-        lock_timeout: str | None,
-        begins: bool = False,
-    ) -> None:
-        self._q = store._statements
-        self._conn = conn
-        self._mode = mode
-        self._pipeline = store._pipeline
-        self._lock_timeout = lock_timeout if mode != _AUTOCOMMIT else None
-        # What must precede our first statement (None: nothing): the savepoint of a joined
-        # session; with the pipeline, our transaction's BEGIN (without it, BEGIN is sent
-        # when the transaction is entered). ``begins``: this session may have to send
-        # the BEGIN of one of our own transactions (its own, or the one it joins).
-        self._pending: bytes | None = None
-        if mode == _JOINED:
-            self._pending = _OPEN_SAVEPOINT
-        elif mode == _TRANSACTION and self._pipeline:
-            self._pending = _BEGIN
-        self._begins = begins
-        self._cur = conn.cursor(row_factory=tuple_row)
-        self._held: set[tuple[str, str]] = set()  # keys whose row lock we hold
-
-    @property
-    def connection(self) -> psycopg.AsyncConnection[Any]:
-        """The psycopg connection; inside a transaction, never commit it yourself."""
-        return self._conn
-
-    def health(self) -> TxHealth:
-        """The state of this session's transaction, from the connection (no round trip)."""
-        conn = self._conn
-        if conn.closed or conn.broken:
-            return TxHealth.LOST
-        if self._mode == _AUTOCOMMIT:
-            return TxHealth.OK
-        status = conn.pgconn.transaction_status
-        if status == _INERROR:
-            return TxHealth.ABORTED
-        if status == _IDLE and self._pending is None:
-            return TxHealth.ENDED  # our BEGIN (or the caller's) went out; now it is over
-        if status == TransactionStatus.UNKNOWN:
-            return TxHealth.LOST
-        return TxHealth.OK
-
-    # -- the plumbing
-
-    async def _run(
-        self,
-        statement: _Statement,
-        params: tuple[Any, ...],
-        scope: str,
-        key: str,
-    ) -> psycopg.AsyncCursor[TupleRow]:
-        """Run one store statement (plus what must open the transaction) in one round trip.
-
-        In a transaction the statement may wait for a row lock of another transaction,
-        so it runs bounded by ``lock_wait`` unless this session already holds the row.
-        """
-        cur = self._cur
-        if self._lock_timeout is not None and (scope, key) not in self._held:
-            query, params, waiting = statement.bounded, (self._lock_timeout, *params), True
-        else:
-            query, waiting = statement.plain, False
-        with _DriverErrors(scope, key, waiting=waiting):
-            if self._pending is None:
-                await cur.execute(query, params)
-            else:
-                await self._open_with(query, params)
-        return cur
-
-    async def _open_with(self, query: bytes | None, params: tuple[Any, ...] = ()) -> None:
-        """Send the pending BEGIN / SAVEPOINT, pipelined with ``query`` if there is one."""
-        opening, self._pending = self._pending, None
-        conn = self._conn
-        commands: list[bytes] = []
-        if self._begins and conn.pgconn.transaction_status == _IDLE:
-            # Our transaction's BEGIN, still pending (a session joining it may send it);
-            # but not when the caller's SQL on .connection already began it.
-            commands.append(_BEGIN)
-            if conn.autocommit is False:
-                # Our explicit BEGIN rides with the statement: psycopg's implicit one
-                # would cost a round trip of its own. (Restored at check-in.)
-                await conn.set_autocommit(True)
-        if opening is _OPEN_SAVEPOINT:
-            commands.append(_OPEN_SAVEPOINT)
-        if query is None or not self._pipeline:
-            for command in commands:
-                await conn.execute(command)
-            if query is not None:
-                await self._cur.execute(query, params)
-            return
-        async with conn.pipeline():
-            for command in commands:
-                await conn.execute(command)
-            await self._cur.execute(query, params)
-
-    # -- the AsyncSession contract
-
-    async def execute(self, sql: str, params: Params = None) -> psycopg.AsyncCursor[Any]:
-        """Run the caller's SQL (``?`` placeholders) in this session; returns the cursor.
-
-        Without ``params`` the SQL is sent as written (no placeholder translation), so
-        operators such as jsonb ``?`` work. Errors of this SQL are psycopg's own.
-        """
-        if self._pending is not None:
-            with _DriverErrors():
-                await self._open_with(None)
-        cur = self._conn.cursor()
-        if params is None:
-            await cur.execute(sql)
-        else:
-            await cur.execute(_user_query(sql), params)
-        return cur
-
-    async def claim(self, scope: str, key: str, write: Write) -> Snapshot:
-        """Insert ``write`` unless ``(scope, key)`` exists; else return the existing record.
-
-        In a transaction, waits up to ``lock_wait`` for a concurrent uncommitted claim of
-        the same key, then raises :class:`~onceonly.InFlight`; when that claim commits,
-        its record is returned.
-        """
-        params = (*_write_values(scope, key, write), scope, key)
-        for _ in range(_CLAIM_RACE_RETRIES):
-            cur = await self._run(self._q.claim, params, scope, key)
-            row = await cur.fetchone()
-            if row is not None and row[0] is not None:
-                now = row[16]
-                if row[0]:
-                    self._held.add((scope, key))
-                    return Snapshot(_written(scope, key, write, now, now), now, inserted=True)
-                return Snapshot(_record(row, 1), now)
-            # The insert waited for a concurrent transaction that committed this key, and
-            # this statement's snapshot predates that commit: read it in a fresh one.
-            snap = await self.get(scope, key)
-            if snap.record is not None:
-                return snap
-            # …and it is already gone again (purged): try to insert once more.
-        raise StoreUnavailable(
-            "the claim kept racing concurrent writers of this key; retry", scope=scope, key=key
-        )
-
-    async def get(self, scope: str, key: str) -> Snapshot:
-        """The record of ``(scope, key)`` (or ``None``) and the database's now."""
-        cur = self._cur
-        with _DriverErrors(scope, key):
-            if self._pending is None:
-                await cur.execute(self._q.get, (scope, key))
-            else:
-                await self._open_with(self._q.get, (scope, key))
-        row = await cur.fetchone()
-        assert row is not None  # the LEFT JOIN always yields one row
-        return Snapshot(None if row[0] is None else _record(row), row[15])
-
-    async def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
-        """Store ``write`` if the record is still the version ``expect``; else ``None``."""
-        params = (
-            *_write_values(scope, key, write)[2:],
-            scope,
-            key,
-            expect.token,
-            expect.state.value,
-            expect.lapsed,
-        )
-        cur = await self._run(self._q.update, params, scope, key)
-        row = await cur.fetchone()
-        if row is None or row[0] is None:
-            return None
-        self._held.add((scope, key))
-        return _written(scope, key, write, row[0], row[1])
-
-    async def insert(self, scope: str, key: str, write: Write) -> Record | None:
-        """Insert ``write`` if ``(scope, key)`` is absent; else ``None``."""
-        cur = await self._run(self._q.insert, _write_values(scope, key, write), scope, key)
-        row = await cur.fetchone()
-        if row is None or row[0] is None:
-            return None
-        self._held.add((scope, key))
-        return _written(scope, key, write, row[0], row[0])
-
-    async def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
-        """Extend the ``in_progress`` claim held under ``token``; the new ``lease_until``."""
-        params = (float(lease_seconds), scope, key, token)
-        cur = await self._run(self._q.renew, params, scope, key)
-        row = await cur.fetchone()
-        return None if row is None else cast("float | None", row[0])
-
-    async def save_checkpoint(
-        self, scope: str, key: str, token: int, checkpoint: str, lease_seconds: float | None = None
-    ) -> bool:
-        """Store ``checkpoint`` on the ``in_progress`` claim held under ``token``; with
-        ``lease_seconds`` the lease is extended too (a checkpoint is a sign of life)."""
-        lease = None if lease_seconds is None else float(lease_seconds)
-        cur = await self._run(
-            self._q.checkpoint, (checkpoint, lease, scope, key, token), scope, key
-        )
-        row = await cur.fetchone()
-        return row is not None and row[0] is not None
-
-    # -- the end of the session
-
-    async def _commit(self) -> None:
-        if self._mode == _JOINED and self._pending is not None:
-            return  # nothing was sent: nothing to release
-        conn = self._conn
-        health = self.health()
-        if health is TxHealth.ABORTED:
-            # COMMIT of a failed transaction silently rolls back: never report success.
-            await self._rollback()
-            raise TransactionAborted(
-                "a statement failed inside the transaction; it was rolled back"
-            )
-        if health is TxHealth.ENDED:
-            raise TransactionEnded("the transaction was committed or rolled back by its user")
-        if health is TxHealth.LOST:
-            raise StoreUnavailable("the connection was lost before the commit")
-        if self._mode == _JOINED:
-            with _DriverErrors():
-                await conn.execute(_RELEASE_SAVEPOINT)
-        elif conn.pgconn.transaction_status != _IDLE:
-            with _DriverErrors():
-                await conn.commit()
-
-    async def _rollback(self) -> None:
-        """Undo this session's work; failures here must not hide the error being handled."""
-        conn = self._conn
-        try:
-            if self._mode == _JOINED:
-                status = conn.pgconn.transaction_status
-                if self._pending is None and status in (_INTRANS, _INERROR):
-                    await conn.execute(_UNDO_SAVEPOINT)
-            else:
-                await conn.rollback()
-        except Exception:
-            if conn.broken or conn.closed:  # the usual case: the connection is gone
-                log.debug("rollback on a lost connection; discarding it", exc_info=True)
-            else:
-                log.warning("rollback failed; discarding the connection", exc_info=True)
-            if self._mode != _JOINED:
-                await conn.close()
 
 
 class AsyncPostgresStore:
@@ -739,74 +416,3 @@ class AsyncPostgresStore:
         """
         async with self._connection(autocommit=True) as conn:
             yield AsyncPostgresSession(self, conn, mode=_AUTOCOMMIT, lock_timeout=None)
-
-
-class _Transaction:
-    """The context manager of :meth:`AsyncPostgresStore.transaction`.
-
-    A class rather than a generator: it is on every message's path.
-    """
-
-    __slots__ = (
-        "_autocommit", "_begins", "_caller", "_conn", "_lock_timeout", "_session", "_store"
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        store: AsyncPostgresStore,
-        caller: psycopg.AsyncConnection[Any] | None,
-        lock_timeout: str | None,
-        begins: bool,
-    ) -> None:
-        self._store = store
-        self._caller = caller
-        self._lock_timeout = lock_timeout
-        self._begins = begins
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._autocommit = False
-        self._session: AsyncPostgresSession | None = None
-
-    async def __aenter__(self) -> AsyncPostgresSession:
-        store = self._store
-        if self._caller is not None:
-            self._session = AsyncPostgresSession(
-                store,
-                self._caller,
-                mode=_JOINED,
-                lock_timeout=self._lock_timeout,
-                begins=self._begins,
-            )
-            return self._session
-        # With the pipeline, BEGIN waits for the first statement, and until then the
-        # connection is not in autocommit, so the caller's SQL run on it first is inside
-        # a transaction too. Without, BEGIN goes now.
-        pipeline = store._pipeline
-        conn, self._autocommit = await store._checkout(autocommit=not pipeline)
-        self._conn = conn
-        session = self._session = AsyncPostgresSession(
-            store, conn, mode=_TRANSACTION, lock_timeout=self._lock_timeout, begins=pipeline
-        )
-        if pipeline:
-            store._beginning[id(conn)] = conn
-            return session
-        try:
-            with _DriverErrors():
-                await session._cur.execute(_BEGIN)
-        except BaseException:
-            await store._checkin(conn, self._autocommit)
-            raise
-        return session
-
-    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        session = self._session
-        assert session is not None
-        conn = self._conn
-        try:
-            if exc is None:
-                await session._commit()
-            else:
-                await session._rollback()
-        finally:
-            if conn is not None:
-                self._store._beginning.pop(id(conn), None)
-                await self._store._checkin(conn, self._autocommit)
