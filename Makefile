@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_BASE := $(VENV)/.installed-base
 STAMP_ALL := $(VENV)/.installed-all
 
-.PHONY: demo test lint typecheck unasync services bench clean
+.PHONY: demo test lint typecheck unasync services bench chaos clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -43,6 +43,9 @@ bench: $(STAMP_ALL) services
 	$(BIN)/python bench/consumer_nats.py
 	$(BIN)/python bench/consumer_redis_streams.py
 	$(BIN)/python bench/relay_pipeline.py
+
+chaos: $(STAMP_ALL) services
+	$(BIN)/python -m chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
