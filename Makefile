@@ -26,8 +26,8 @@ services:
 	scripts/services postgres redis rabbitmq nats
 
 lint: $(STAMP_ALL)
-	$(BIN)/ruff check src tests bench tools examples
-	$(BIN)/ruff format --check src tests bench tools examples
+	$(BIN)/ruff check src tests bench tools examples chaos
+	$(BIN)/ruff format --check src tests bench tools examples chaos
 	$(BIN)/python tools/unasync.py --check
 
 typecheck: $(STAMP_ALL)
