@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_BASE := $(VENV)/.installed-base
 STAMP_ALL := $(VENV)/.installed-all
 
-.PHONY: demo test lint typecheck unasync services bench chaos clean
+.PHONY: demo test lint typecheck unasync services bench chaos fuzz clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -43,6 +43,10 @@ bench: $(STAMP_ALL) services
 	$(BIN)/python bench/consumer_nats.py
 	$(BIN)/python bench/consumer_redis_streams.py
 	$(BIN)/python bench/relay_pipeline.py
+
+fuzz: $(STAMP_ALL) services
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -p no:randomly --timeout 3600 \
+		tests/core/test_fuzz_core.py tests/contract/test_fuzz_inbox.py $(PYTEST_ARGS)
 
 chaos: $(STAMP_ALL) services
 	$(BIN)/python -m chaos $(CHAOS_ARGS)

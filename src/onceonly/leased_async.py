@@ -27,6 +27,7 @@ from typing import Any
 from onceonly import _acompat
 from onceonly._core import codec
 from onceonly._core.backoff import backoff_delay
+from onceonly._core.keys import validate_key
 from onceonly._core.state import (
     Action,
     Expect,
@@ -160,7 +161,12 @@ class AsyncLeasedRunner:
         self.keep_payload = keep_payload
 
     async def claim(self, key: str, fp: str | None) -> AsyncClaim | Replay:
-        """Take the claim of ``key`` (waiting up to ``wait`` for a live one), or a replay."""
+        """Take the claim of ``key`` (waiting up to ``wait`` for a live one), or a replay.
+
+        Raises:
+            InvalidKey: ``key`` is not a valid key (nothing stored).
+        """
+        key = validate_key(key)
         scope = self.scope
         deadline = _acompat.monotonic() + self.wait
         delay = 0.01
