@@ -330,7 +330,7 @@ def test_leased_completion_survives_dropped_idle_connections() -> None:
                     "WHERE application_name = %s",
                     (app,),
                 )
-            time.sleep(0.2)
+            time.sleep(1.2)  # idle long enough for the pool to check them at checkout
             return "done"
 
         r = LeasedRunner(store, scope="fn", policy=Policy(30.0, 5), ttl=None, wait=1.0)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -81,6 +82,9 @@ SCHEMA_VERSION = 1
 SCHEMA_TABLE = "onceonly_schema"
 # pg_advisory_xact_lock key serialising migrations ("onceonly" in ASCII).
 _MIGRATE_LOCK = 0x6F6E63656F6E6C79
+# Pooled connections idle at least this long are checked (one round trip) at checkout.
+_CHECK_IDLE_AFTER = 1.0
+_RETURNED_MAX = 4096
 # Fallback reads after a claim that raced a committing insert, before giving up.
 
 
@@ -164,6 +168,8 @@ class PostgresStore:
             if not url_or_conninfo:
                 raise ConfigurationError("give the PostgreSQL URL (or conninfo) or a pool")
             self.url = url_or_conninfo
+            # When each connection went back to the pool (see _check_if_idle).
+            self._returned: dict[int, float] = {}
             open_now = True
             self._pool = ConnectionPool(
                 _conninfo(url_or_conninfo),
@@ -173,7 +179,7 @@ class PostgresStore:
                 kwargs={"autocommit": True},  # transactions send BEGIN themselves
                 # a connection the server dropped while idle (idle timeout, restart,
                 # failover) is replaced at checkout, not handed to a claim or completion
-                check=ConnectionPool.check_connection,
+                check=self._check_if_idle,
                 open=open_now,
                 name=f"onceonly:{table}",
             )
@@ -356,7 +362,20 @@ class PostgresStore:
             if conn.autocommit != autocommit and conn.pgconn.transaction_status == _IDLE:
                 conn.set_autocommit(autocommit)
         finally:
+            returned = getattr(self, "_returned", None)
+            if returned is not None:
+                if len(returned) > _RETURNED_MAX:
+                    returned.clear()  # ids of long-gone connections; a clear costs checks
+                returned[id(conn)] = time.monotonic()
             self._pool.putconn(conn)
+
+    def _check_if_idle(self, conn: psycopg.Connection[Any]) -> None:
+        """The pool's check at checkout: a round trip, so only for a connection that sat
+        idle long enough for the server to have dropped it (a busy one just proved it is
+        alive; a dropped one would otherwise fail the claim or completion it carries)."""
+        returned = self._returned.get(id(conn))
+        if returned is None or time.monotonic() - returned >= _CHECK_IDLE_AFTER:
+            ConnectionPool.check_connection(conn)
 
     @contextmanager
     def _connection(self, *, autocommit: bool) -> Iterator[psycopg.Connection[Any]]:

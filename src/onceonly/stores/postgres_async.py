@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -80,6 +81,9 @@ SCHEMA_VERSION = 1
 SCHEMA_TABLE = "onceonly_schema"
 # pg_advisory_xact_lock key serialising migrations ("onceonly" in ASCII).
 _MIGRATE_LOCK = 0x6F6E63656F6E6C79
+# Pooled connections idle at least this long are checked (one round trip) at checkout.
+_CHECK_IDLE_AFTER = 1.0
+_RETURNED_MAX = 4096
 # Fallback reads after a claim that raced a committing insert, before giving up.
 
 
@@ -163,6 +167,8 @@ class AsyncPostgresStore:
             if not url_or_conninfo:
                 raise ConfigurationError("give the PostgreSQL URL (or conninfo) or a pool")
             self.url = url_or_conninfo
+            # When each connection went back to the pool (see _check_if_idle).
+            self._returned: dict[int, float] = {}
             open_now = False  # unasync: remove
             # unasync: add open_now = True
             self._pool = AsyncConnectionPool(
@@ -173,7 +179,7 @@ class AsyncPostgresStore:
                 kwargs={"autocommit": True},  # transactions send BEGIN themselves
                 # a connection the server dropped while idle (idle timeout, restart,
                 # failover) is replaced at checkout, not handed to a claim or completion
-                check=AsyncConnectionPool.check_connection,
+                check=self._check_if_idle,
                 open=open_now,
                 name=f"onceonly:{table}",
             )
@@ -358,7 +364,20 @@ class AsyncPostgresStore:
             if conn.autocommit != autocommit and conn.pgconn.transaction_status == _IDLE:
                 await conn.set_autocommit(autocommit)
         finally:
+            returned = getattr(self, "_returned", None)
+            if returned is not None:
+                if len(returned) > _RETURNED_MAX:
+                    returned.clear()  # ids of long-gone connections; a clear costs checks
+                returned[id(conn)] = time.monotonic()
             await self._pool.putconn(conn)
+
+    async def _check_if_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The pool's check at checkout: a round trip, so only for a connection that sat
+        idle long enough for the server to have dropped it (a busy one just proved it is
+        alive; a dropped one would otherwise fail the claim or completion it carries)."""
+        returned = self._returned.get(id(conn))
+        if returned is None or time.monotonic() - returned >= _CHECK_IDLE_AFTER:
+            await AsyncConnectionPool.check_connection(conn)
 
     @asynccontextmanager
     async def _connection(self, *, autocommit: bool) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
