@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_BASE := $(VENV)/.installed-base
 STAMP_ALL := $(VENV)/.installed-all
 
-.PHONY: demo test lint typecheck unasync services bench chaos fuzz clean
+.PHONY: demo test soak lint typecheck unasync services bench chaos fuzz clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -43,6 +43,12 @@ bench: $(STAMP_ALL) services
 	$(BIN)/python bench/consumer_nats.py
 	$(BIN)/python bench/consumer_redis_streams.py
 	$(BIN)/python bench/relay_pipeline.py
+
+# The multi-actor model check, long: at least ONCEONLY_SOAK_STEPS (10,000) steps per store.
+soak: $(STAMP_ALL)
+	scripts/services postgres
+	ONCEONLY_SOAK=1 CI=$${CI:-} $(BIN)/python -m pytest -p no:randomly -q \
+		tests/property/test_model_actors.py -k interleaved $(PYTEST_ARGS)
 
 fuzz: $(STAMP_ALL) services
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -p no:randomly --timeout 3600 \

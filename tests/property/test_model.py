@@ -9,7 +9,8 @@ every step the store's records must equal the model's, every delivery must have
 answered what the model predicted (run / replay / mismatch / dead / in flight), and no
 handler may have run more often than the model allows.
 
-The model below is written from DESIGN §2 alone; it does not use ``onceonly._core.state``.
+The model (``reference.py``) is written from DESIGN §2 alone; it does not use
+``onceonly._core.state``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,220 +41,35 @@ from onceonly._core.fingerprint import fingerprint
 from onceonly._core.state import Policy, Record
 from onceonly.leased import Claim, LeasedRunner, Replay
 from onceonly.stores.memory import MemoryStore
-from onceonly.stores.sqlite import SQLiteStore
 from onceonly.testing import ManualClock
-from tests.conftest import PG_URL, drop_pg_table, require_postgres
+from tests.conftest import require_postgres
+from tests.property.reference import (
+    ADVANCES,
+    COMPLETED,
+    DEAD,
+    HARNESSES,
+    IN_PROGRESS,
+    KEYS,
+    LEASE,
+    MAX_ATTEMPTS,
+    PAYLOADS,
+    SCOPE,
+    TTL,
+    Harness,
+    Model,
+    Prediction,
+    Row,
+    check_record,
+    payload_of,
+)
 
-SCOPE = "billing"
-KEYS = ("k1", "ключ:2")
-LEASE = 30.0
-TTL = 100.0
-MAX_ATTEMPTS = 3
 WAIT = 0.001  # how long a duplicate waits for a live claim before InFlight
-# Steps of time: all whole seconds, so a live lease or record has >= 7 s left in the
-# model, which leaves room for the real clock of PostgreSQL to move during an example.
-ADVANCES = (10.0, LEASE + 1, LEASE + 1, TTL + 1)
-PAYLOADS = st.sampled_from((0, 0, 0, 1))  # mostly the same payload: fewer mismatches
-
-IN_PROGRESS, COMPLETED, FAILED, DEAD = "in_progress", "completed", "failed", "dead"
 
 
 class Boom(Exception):
     """The handler failed."""
 
 
-def payload_of(key: str, p: int) -> dict[str, Any]:
-    """Payload number ``p`` (0 or 1) of ``key``: two payloads per key."""
-    return {"id": key, "amount": 100 * (p + 1)}
-
-
-# -- the reference model
-
-
-@dataclasses.dataclass
-class Row:
-    """The model's record of one key."""
-
-    state: str
-    payload: int
-    attempts: int
-    token: int  # model token id; a new one for every claim taken
-    generation: int  # a new one each time the key is claimed afresh (absent / expired)
-    lease_until: float | None = None
-    expires_at: float | None = None
-    result: Any = None
-    attempt: int = 0  # completed: the attempt that produced the result
-    checkpoint: dict[str, Any] = dataclasses.field(default_factory=dict)
-    snapshot: Any = None  # failed/dead: the payload kept for redrive (None: not checked)
-    error: str | None = None  # failed/dead: how the error summary starts
-
-
-@dataclasses.dataclass(frozen=True)
-class Prediction:
-    """What a delivery of a key must do, per DESIGN §2."""
-
-    action: str  # run | replay | mismatch | dead | in_flight
-    attempts: int = 0  # run: failed attempts so far; dead: attempts reported
-    attempt: int = 0  # run: the 1-based attempt that runs
-    carried: dict[str, Any] = dataclasses.field(default_factory=dict)  # run: checkpoints
-    retry_after: float | None = None  # in_flight
-    parks: bool = False  # dead: this delivery turns a lapsed last claim into dead
-
-
-class Model:
-    """DESIGN §2 as a dict of key -> Row, on a clock that moves only when told to."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-        self.rows: dict[str, Row] = {}
-        self.runs: Counter[str] = Counter()  # handler runs the model allows, per key
-        self.completions: Counter[tuple[str, int]] = Counter()
-        self._tokens = itertools.count(1)
-        self._generations = itertools.count(1)
-
-    def current(self, key: str) -> Row | None:
-        """The key's row, or None if absent or completed and past its expiry."""
-        row = self.rows.get(key)
-        if row is not None and row.state == COMPLETED:
-            assert row.expires_at is not None
-            if row.expires_at <= self.now:
-                return None
-        return row
-
-    def predict(self, key: str, p: int) -> Prediction:
-        """What delivering payload ``p`` of ``key`` now must answer."""
-        row = self.current(key)
-        if row is None:
-            return Prediction("run", attempts=0, attempt=1)
-        if row.payload != p:
-            return Prediction("mismatch")
-        if row.state == COMPLETED:
-            return Prediction("replay")
-        if row.state == DEAD:
-            return Prediction("dead", attempts=row.attempts)
-        if row.state == IN_PROGRESS:
-            assert row.lease_until is not None
-            if row.lease_until > self.now:
-                return Prediction("in_flight", retry_after=row.lease_until - self.now)
-            lapsed = row.attempts + 1  # the run that lost its lease counts as failed
-            if lapsed >= MAX_ATTEMPTS:
-                return Prediction("dead", attempts=lapsed, parks=True)
-            return Prediction(
-                "run", attempts=lapsed, attempt=lapsed + 1, carried=dict(row.checkpoint)
-            )
-        assert row.state == FAILED
-        assert row.attempts < MAX_ATTEMPTS  # a failure reaching the limit is dead at once
-        return Prediction(
-            "run", attempts=row.attempts, attempt=row.attempts + 1, carried=dict(row.checkpoint)
-        )
-
-    def claim(self, key: str, p: int, pred: Prediction) -> int:
-        """Take the claim a RUN prediction allows; returns the new model token."""
-        row = self.current(key)
-        generation = row.generation if row is not None else next(self._generations)
-        token = next(self._tokens)
-        # a retaken claim keeps the payload snapshot of the failed or lapsed run
-        retaken = row is not None and row.state in (FAILED, IN_PROGRESS)
-        self.rows[key] = Row(
-            IN_PROGRESS,
-            p,
-            pred.attempts,
-            token,
-            generation,
-            lease_until=self.now + LEASE,
-            checkpoint=dict(pred.carried),
-            snapshot=row.snapshot if retaken and row is not None else None,
-        )
-        return token
-
-    def park(self, key: str, pred: Prediction) -> None:
-        """A lapsed last claim becomes dead under a new token (fencing the lapsed worker);
-        the payload snapshot of an earlier failure is kept for redrive."""
-        row = self.rows[key]
-        row.state, row.attempts, row.lease_until = DEAD, pred.attempts, None
-        row.token, row.error = next(self._tokens), "lease expired"
-
-    def complete(self, key: str, token: int, result: Any, attempt: int) -> bool:
-        """Complete the claim ``token`` if it is still the key's live claim."""
-        row = self.rows.get(key)
-        if row is None or row.state != IN_PROGRESS or row.token != token:
-            return False
-        row.state, row.result, row.attempt = COMPLETED, result, attempt
-        row.lease_until, row.expires_at, row.checkpoint = None, self.now + TTL, {}
-        self.completions[key, row.generation] += 1
-        return True
-
-    def fail(self, key: str, token: int, snapshot: Any) -> None:
-        """The claim ``token`` failed: one more attempt; dead at the limit."""
-        row = self.rows[key]
-        assert row.state == IN_PROGRESS
-        assert row.token == token
-        row.attempts += 1
-        row.state = DEAD if row.attempts >= MAX_ATTEMPTS else FAILED
-        row.lease_until, row.snapshot, row.error = None, snapshot, "Boom"
-
-
-# -- backends: a fresh store per example, and a way to move its clock
-
-
-@dataclasses.dataclass
-class Harness:
-    store: Any
-    start: float  # the model's now at the start
-    advance: Callable[[float], None]
-    close: Callable[[], None]
-    exact: bool  # the model's times equal the store's (an injected clock)
-
-
-def memory_harness(tmp_path: Path) -> Harness:
-    clock = ManualClock()
-    return Harness(MemoryStore(clock=clock), clock(), clock.advance, lambda: None, True)
-
-
-def sqlite_harness(tmp_path: Path) -> Harness:
-    clock = ManualClock()
-    table = f"m_{uuid.uuid4().hex[:12]}"
-    store = SQLiteStore(str(tmp_path / "model.db"), table=table, clock=clock)
-    store.migrate()
-    return Harness(store, clock(), clock.advance, store.close, True)
-
-
-def postgres_harness(tmp_path: Path) -> Harness:
-    """PostgreSQL's clock is the server's: move the stored times back instead."""
-    import psycopg
-
-    table = f"m_{uuid.uuid4().hex[:12]}"
-    store = onceonly.open_store(PG_URL, table=table)
-    store.migrate()
-    conn = psycopg.connect(PG_URL, autocommit=True)
-    kinds = dict(
-        conn.execute(
-            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = %s",
-            (table,),
-        ).fetchall()
-    )
-    shifts = []
-    for col in ("lease_until", "expires_at", "created_at", "updated_at", "completed_at"):
-        if col in kinds:
-            by = "make_interval(secs => %(s)s)" if "time" in kinds[col] else "%(s)s"
-            shifts.append(f"{col} = {col} - {by}")
-
-    def time_travel(seconds: float) -> None:
-        conn.execute(f"UPDATE {table} SET {', '.join(shifts)}", {"s": seconds})
-
-    def close() -> None:
-        conn.close()
-        store.close()
-        drop_pg_table(table)
-
-    return Harness(store, 0.0, time_travel, close, False)
-
-
-HARNESSES: dict[str, Callable[[Path], Harness]] = {
-    "memory": memory_harness,
-    "sqlite": sqlite_harness,
-    "postgres": postgres_harness,
-}
 EXAMPLES = {"memory": 200, "sqlite": 100, "postgres": 40}
 
 
@@ -516,36 +331,10 @@ class ModelMachine(RuleBasedStateMachine):
         for key in KEYS:
             real = self.read(key)
             row = self.model.rows.get(key)
-            if row is None:
-                assert real is None
-                continue
-            assert real is not None, key
-            assert (real.scope, real.key) == (SCOPE, key)
-            assert real.state.value == row.state, (key, real, row)
-            assert real.fingerprint == self.fp(key, row.payload)
-            assert real.attempts == row.attempts, (key, real, row)
-            self.check_token(key, row, real)
-            if row.state == COMPLETED:
-                assert real.result is not None
-                assert json.loads(real.result) == row.result
-                assert real.error is None
-                if self.h.exact:
-                    assert real.expires_at == row.expires_at
-                    assert real.completed_at == row.expires_at - TTL
-            elif row.state == IN_PROGRESS:
-                if self.h.exact:
-                    assert real.lease_until == row.lease_until
-                assert (json.loads(real.checkpoint) if real.checkpoint else {}) == row.checkpoint
-            else:
-                assert real.error is not None
-                assert row.error is not None
-                assert real.error.startswith(row.error), (real.error, row.error)
-                if row.state == FAILED:
-                    got = json.loads(real.checkpoint) if real.checkpoint else {}
-                    assert got == row.checkpoint
-                if row.snapshot is not None:
-                    assert real.payload is not None
-                    assert json.loads(real.payload) == row.snapshot
+            check_record(key, row, real, exact=self.h.exact)
+            if row is not None:
+                assert real is not None
+                self.check_token(key, row, real)
 
     def check_token(self, key: str, row: Row, real: Record) -> None:
         """The fencing token changes with every claim taken, and only then."""
