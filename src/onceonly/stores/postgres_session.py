@@ -41,6 +41,8 @@ from onceonly.stores._postgres_sql import (
     _UNDO_SAVEPOINT,
     _record,
     _Statement,
+    _update_values,
+    _updated,
     _write_values,
     _written,
 )
@@ -285,20 +287,13 @@ class PostgresSession:
 
     def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
         """Store ``write`` if the record is still the version ``expect``; else ``None``."""
-        params = (
-            *_write_values(scope, key, write)[2:],
-            scope,
-            key,
-            expect.token,
-            expect.state.value,
-            expect.lapsed,
-        )
+        params = _update_values(scope, key, write, expect)
         cur = self._run(self._q.update, params, scope, key)
         row = cur.fetchone()
         if row is None or row[0] is None:
             return None
         self._held.add((scope, key))
-        return _written(scope, key, write, row[0], row[1])
+        return _updated(scope, key, write, row)
 
     def insert(self, scope: str, key: str, write: Write) -> Record | None:
         """Insert ``write`` if ``(scope, key)`` is absent; else ``None``."""

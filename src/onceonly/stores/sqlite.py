@@ -85,6 +85,13 @@ def _row_values(write: Write, now: float) -> tuple[Any, ...]:
     )
 
 
+def _update_values(write: Write, now: float) -> tuple[Any, ...]:
+    """The SET values of ``update``: ``_row_values`` with ``keep_checkpoint`` before the
+    checkpoint (``CASE WHEN keep THEN checkpoint ELSE ? END``)."""
+    values = _row_values(write, now)
+    return (*values[:8], write.keep_checkpoint, *values[8:])
+
+
 @contextmanager
 def _errors(*, begin: bool = False) -> Iterator[None]:
     """Translate sqlite3 errors raised by the store's own statements."""
@@ -166,7 +173,7 @@ class SQLiteSession:
             row = self._conn.execute(
                 self._store._q["update"],
                 (
-                    *_row_values(write, now),
+                    *_update_values(write, now),
                     scope,
                     key,
                     expect.token,
@@ -256,7 +263,8 @@ class SQLiteStore:
             ),
             "update": (
                 f"UPDATE {t} SET state = ?, fingerprint = ?, token = ?, attempts = ?,"
-                " lease_until = ?, result = ?, error = ?, payload = ?, checkpoint = ?,"
+                " lease_until = ?, result = ?, error = ?, payload = ?,"
+                " checkpoint = CASE WHEN ? THEN checkpoint ELSE ? END,"
                 " updated_at = ?, completed_at = ?, expires_at = ?"
                 " WHERE scope = ? AND key = ? AND token = ? AND state = ? AND (? = 0 OR CASE"
                 " WHEN state = 'completed' THEN expires_at <= ? ELSE coalesce(lease_until <= ?, 1)"
