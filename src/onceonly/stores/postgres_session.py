@@ -29,6 +29,7 @@ from onceonly._core.sql import qmark_to_format
 from onceonly._core.state import Expect, Record, Write
 from onceonly.errors import (
     InFlight,
+    NotMigrated,
     StoreError,
     StoreUnavailable,
     TransactionAborted,
@@ -100,8 +101,9 @@ class _DriverErrors:
         if isinstance(exc, PoolClosed):
             return StoreError("the store is closed", scope=scope, key=key)
         if isinstance(exc, psycopg.errors.UndefinedTable):
-            return StoreError(
-                f"the records table is missing; run store.migrate() first ({exc})",
+            return NotMigrated(
+                "a table of the store is missing; run store.migrate() first "
+                f"({exc.diag.message_primary or exc})",
                 scope=scope,
                 key=key,
             )

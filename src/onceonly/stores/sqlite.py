@@ -31,6 +31,7 @@ from onceonly._outbox_sql import OutboxSQL
 from onceonly.errors import (
     ConfigurationError,
     InFlight,
+    NotMigrated,
     StoreError,
     StoreUnavailable,
     TransactionEnded,
@@ -108,6 +109,11 @@ def _errors(*, begin: bool = False) -> Iterator[None]:
             raise StoreUnavailable(f"SQLite is busy: {text}") from exc
         if "unable to open" in text or "disk I/O" in text:
             raise StoreUnavailable(f"SQLite is unavailable: {text}") from exc
+        if text.startswith("no such table"):
+            # only the store's own statements come through here, never the handler's
+            raise NotMigrated(
+                f"a table of the store is missing; run store.migrate() first ({text})"
+            ) from exc
         raise StoreError(f"SQLite failed: {text}") from exc
     except sqlite3.Error as exc:
         raise StoreError(f"SQLite failed: {exc}") from exc
