@@ -11,7 +11,7 @@ The tree is organised by what the caller does next::
     ├── EncodingError         (TypeError)    a result that cannot be encoded as JSON
     │   └── InvalidPayload                   a payload without a canonical form: fix the producer
     ├── ConfigurationError    (ValueError)   bad URL, table name, option or missing extra
-    │   └── NotMigrated                      the store's tables are missing: run store.migrate()
+    │   └── NotMigrated                      no tables yet: run store.migrate() (a StoreError too)
     ├── InFlight                             a live claim elsewhere: retry later / nack / 409
     ├── DeadLettered                         max_attempts reached: dead-letter it
     ├── LeaseLost                            your claim was taken over: discard your result
@@ -128,18 +128,6 @@ class ConfigurationError(OnceOnlyError, ValueError):
     """A store URL, table name, option or missing optional dependency is wrong."""
 
 
-class NotMigrated(ConfigurationError):
-    """The store's tables do not exist yet (or not in this database / schema).
-
-    Run ``store.migrate()`` once (or open the store with ``migrate=True``, or run
-    ``onceonly migrate --url …``) before using it. Broker consumers retry a delivery that
-    meets this error without counting it, so no message is dead-lettered while a
-    deployment waits for its migration.
-
-    .. versionadded:: 0.2
-    """
-
-
 class InFlight(OnceOnlyError):
     """Another worker holds a live claim on this key.
 
@@ -250,6 +238,21 @@ class StoreError(OnceOnlyError):
     """The store failed. The delivery should be retried; committed records are intact."""
 
     status_hint = 503
+
+
+class NotMigrated(ConfigurationError, StoreError):
+    """The store's tables do not exist yet (or not in this database / schema).
+
+    Both a :class:`ConfigurationError` (what to fix) and a :class:`StoreError` (where
+    it surfaced: code that catches store failures keeps working).
+
+    Run ``store.migrate()`` once (or open the store with ``migrate=True``, or run
+    ``onceonly migrate --url …``) before using it. Broker consumers retry a delivery that
+    meets this error without counting it, so no message is dead-lettered while a
+    deployment waits for its migration.
+
+    .. versionadded:: 0.2
+    """
 
 
 class StoreUnavailable(StoreError):
