@@ -3,20 +3,38 @@
 
 ``main`` builds an argparse parser with one sub-command per entry of ``COMMANDS``;
 each entry adds its own options and runs with the parsed namespace, returning the
-exit status. Add a sub-command by adding a :class:`Command`. Exit statuses: what the
-command returns, 2 for usage and configuration errors, 130 on Ctrl-C.
+exit status. Add a sub-command by adding a :class:`Command`. Every sub-command takes
+``-v/--verbose`` and ``--log-level``.
+
+Errors print as one line (``onceonly COMMAND: error: …``) plus a hint line; the
+traceback only with ``-v``. Exit statuses (:data:`EXIT_STATUSES`): 0 success, 1 the
+command ran and failed (or an unexpected internal error), 2 usage or configuration
+errors (a bad option, URL, missing extra or migration), 3 the store or broker is
+unavailable, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from onceonly.errors import OnceOnlyError
+from onceonly.errors import ConfigurationError, OnceOnlyError, StoreUnavailable
 
-__all__ = ["COMMANDS", "Command", "CommandError", "build_parser", "main"]
+__all__ = ["COMMANDS", "EXIT_STATUSES", "Command", "CommandError", "build_parser", "main"]
+
+#: What each exit status of the ``onceonly`` command means.
+EXIT_STATUSES: dict[int, str] = {
+    0: "success",
+    1: "the command ran and failed, or an unexpected internal error",
+    2: "usage or configuration error (bad option, URL, missing extra or migration)",
+    3: "the store or the broker is unavailable (retry later)",
+    130: "interrupted (Ctrl-C)",
+}
+_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 class CommandError(Exception):
@@ -127,19 +145,92 @@ def _version() -> str:
         return "unknown"
 
 
+def _common_options(defaults: bool) -> argparse.ArgumentParser:
+    """-v and --log-level, accepted before and after the sub-command's name."""
+    common = argparse.ArgumentParser(add_help=False)
+    default = None if defaults else argparse.SUPPRESS
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0 if defaults else argparse.SUPPRESS,
+        help="log more (-v: info, -vv: debug) and print tracebacks of errors",
+    )
+    common.add_argument(
+        "--log-level",
+        choices=_LEVELS,
+        default=default,
+        type=str.lower,
+        help="the level of log lines written to stderr (overrides -v)",
+    )
+    return common
+
+
+def _epilog() -> str:
+    lines = ["exit statuses:"] + [f"  {code:<4} {what}" for code, what in EXIT_STATUSES.items()]
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the ``onceonly`` command, with every sub-command."""
     parser = argparse.ArgumentParser(
         prog="onceonly",
         description="onceonly: side effects once under at-least-once delivery.",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[_common_options(defaults=True)],
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {_version()}",
+        help="print the version and exit",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
-        child = sub.add_parser(command.name, help=command.help, description=command.description)
+        child = sub.add_parser(
+            command.name,
+            help=command.help,
+            description=command.description,
+            epilog=_epilog(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            parents=[_common_options(defaults=False)],
+        )
         command.configure(child)
         child.set_defaults(run=command.run)
     return parser
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    """Log to stderr at the level -v / --log-level asked for (none asked: leave it)."""
+    verbose = getattr(args, "verbose", 0) or 0
+    named = getattr(args, "log_level", None)
+    if named is None and not verbose:
+        return
+    level = (
+        getattr(logging, named.upper())
+        if named
+        else (logging.INFO if verbose == 1 else logging.DEBUG)
+    )
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("onceonly").setLevel(level)
+
+
+def _hint(exc: BaseException) -> str | None:
+    """What to do next: the first line of the error class's docstring."""
+    doc = type(exc).__doc__ or ""
+    first = doc.strip().splitlines()[0].strip() if doc.strip() else ""
+    return first or None
+
+
+def _status(exc: BaseException) -> int:
+    if isinstance(exc, (ConfigurationError, CommandError)):
+        return 2
+    if isinstance(exc, StoreUnavailable):
+        return 3
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -154,14 +245,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, usage errors (already printed)
         return exc.code if isinstance(exc.code, int) else 2
     run: Callable[[argparse.Namespace], int] = args.run
+    _setup_logging(args)
+    verbose = bool(getattr(args, "verbose", 0))
     try:
         return run(args)
     except KeyboardInterrupt:
         sys.stderr.write("\ninterrupted\n")
         return 130
     except (CommandError, OnceOnlyError) as exc:
-        sys.stderr.write(f"onceonly {args.command}: error: {exc}\n")
-        return 2
+        if verbose:
+            traceback.print_exc(file=sys.stderr)
+        first = " ".join(str(exc).split()) or type(exc).__name__
+        sys.stderr.write(f"onceonly {args.command}: error: {first}\n")
+        hint = None if isinstance(exc, CommandError) else _hint(exc)
+        if hint:
+            sys.stderr.write(f"hint ({type(exc).__name__}): {hint}\n")
+        return _status(exc)
+    except Exception as exc:
+        if verbose:
+            traceback.print_exc(file=sys.stderr)
+        sys.stderr.write(
+            f"onceonly {args.command}: internal error: {type(exc).__name__}: {exc}\n"
+            + ("" if verbose else "run again with -v for the traceback\n")
+        )
+        return 1
 
 
 if __name__ == "__main__":

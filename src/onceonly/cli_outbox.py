@@ -12,6 +12,8 @@ import sys
 import urllib.parse
 from typing import Any
 
+from onceonly._cli_store import add_create_option, check_sqlite_exists
+from onceonly._core.urls import redact_url
 from onceonly.errors import ConfigurationError
 from onceonly.messaging import AsyncPublisher
 
@@ -52,15 +54,32 @@ def publisher_from_url(url: str, **options: Any) -> AsyncPublisher:
 
 def configure_relay(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="the store URL holding the outbox")
-    parser.add_argument("--broker", required=True, help="amqp://…, nats://… or redis://…")
+    parser.add_argument(
+        "--broker", required=True, help="the broker: amqp://…, nats://… or redis://…"
+    )
     parser.add_argument("--table", default=None, help="outbox table (default: the store's)")
-    parser.add_argument("--batch-size", type=int, default=100)
-    parser.add_argument("--poll-interval", type=float, default=1.0)
-    parser.add_argument("--max-attempts", type=int, default=10)
-    parser.add_argument("--ordered", action="store_true", help="per-key ordering")
+    parser.add_argument(
+        "--batch-size", type=int, default=100, help="rows claimed per batch (default 100)"
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=1.0,
+        help="seconds between polls when idle and no wake-up arrives (default 1.0)",
+    )
+    parser.add_argument(
+        "--max-attempts",
+        type=int,
+        default=10,
+        help="failed publishes after which a row is dead (default 10)",
+    )
+    parser.add_argument(
+        "--ordered", action="store_true", help="per-key ordering: one row per key in flight"
+    )
     parser.add_argument(
         "--prefix", default="", help="prefix for subjects (nats) or stream keys (redis)"
     )
+    add_create_option(parser)
 
 
 def _prefix_option(broker: str, prefix: str) -> dict[str, Any]:
@@ -81,7 +100,7 @@ def _log_to_stderr() -> None:
     logger = logging.getLogger("onceonly")
     configured = [h for h in logger.handlers if not isinstance(h, logging.NullHandler)]
     if configured or logging.getLogger().handlers:
-        return
+        return  # -v / --log-level (or the application) set logging up already
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger.addHandler(handler)
@@ -92,6 +111,7 @@ async def _relay(args: argparse.Namespace) -> int:
     from onceonly.open import open_async_store
     from onceonly.relay_async import AsyncRelay
 
+    check_sqlite_exists(args.url, args)
     store = open_async_store(args.url)
     publisher = publisher_from_url(args.broker, **_prefix_option(args.broker, args.prefix))
     relay = AsyncRelay(
@@ -107,7 +127,7 @@ async def _relay(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, relay.stop)
     _log_to_stderr()
-    sys.stderr.write(f"onceonly relay: {args.url} -> {args.broker}\n")
+    sys.stderr.write(f"onceonly relay: {redact_url(args.url)} -> {redact_url(args.broker)}\n")
     try:
         stats = await relay.run()
     finally:
@@ -127,10 +147,13 @@ def run_relay(args: argparse.Namespace) -> int:
 def configure_outbox(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="the store URL holding the outbox")
     parser.add_argument("--table", default=None, help="outbox table (default: the store's)")
+    add_create_option(parser)
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     show = sub.add_parser("list", help="list rows (dead by default) as JSON lines")
-    show.add_argument("--state", choices=("dead", "pending"), default="dead")
-    show.add_argument("--limit", type=int, default=100)
+    show.add_argument(
+        "--state", choices=("dead", "pending"), default="dead", help="which rows (default dead)"
+    )
+    show.add_argument("--limit", type=int, default=100, help="the most rows (default 100)")
     redrive = sub.add_parser("redrive", help="put dead rows back to pending")
     which = redrive.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", help="one message id")
@@ -142,6 +165,7 @@ def run_outbox(args: argparse.Namespace) -> int:
     from onceonly.open import open_store
     from onceonly.outbox import Outbox
 
+    check_sqlite_exists(args.url, args)
     store = open_store(args.url)
     try:
         outbox = Outbox(store, table=args.table)

@@ -19,6 +19,7 @@ from typing import Any
 
 from onceonly._core import codec
 from onceonly._core.keys import validate_key
+from onceonly._outbox_errors import store_errors
 from onceonly._outbox_sql import SCHEMA_VERSION, OutboxSQL
 from onceonly.errors import ConfigurationError, InvalidKey
 from onceonly.keys import uuid7
@@ -196,9 +197,10 @@ class Outbox:
         """Rows in ``state`` (``pending`` or ``dead``), oldest first."""
         if state not in ("pending", "dead"):
             raise ConfigurationError(f"unknown outbox state {state!r}")
-        with self.store.session() as session:
-            cur = session.execute(self.sql.list_rows(), (state, limit))
-            found = cur.fetchall()
+        with store_errors():
+            with self.store.session() as session:
+                cur = session.execute(self.sql.list_rows(), (state, limit))
+                found = cur.fetchall()
         return [OutboxRow(row_message(r), r[8]) for r in found]
 
     def redrive(self, message_id: str | None = None) -> int:
@@ -207,19 +209,21 @@ class Outbox:
         Returns:
             How many rows were redriven.
         """
-        with self.store.transaction() as session:
-            if message_id is None:
-                cur = session.execute(self.sql.redrive(all_dead=True))
-            else:
-                cur = session.execute(self.sql.redrive(all_dead=False), (message_id,))
-            count = int(cur.rowcount)
+        with store_errors():
+            with self.store.transaction() as session:
+                if message_id is None:
+                    cur = session.execute(self.sql.redrive(all_dead=True))
+                else:
+                    cur = session.execute(self.sql.redrive(all_dead=False), (message_id,))
+                count = int(cur.rowcount)
         return count
 
     def counts(self) -> dict[str, int]:
         """How many rows are pending and dead."""
-        with self.store.session() as session:
-            cur = session.execute(self.sql.counts())
-            found = cur.fetchall()
+        with store_errors():
+            with self.store.session() as session:
+                cur = session.execute(self.sql.counts())
+                found = cur.fetchall()
         out = {"pending": 0, "dead": 0}
         out.update({str(state): int(n) for state, n in found})
         return out

@@ -18,6 +18,7 @@ from typing import Any
 
 from onceonly._core import codec
 from onceonly._core.keys import validate_key
+from onceonly._outbox_errors import store_errors
 from onceonly._outbox_sql import SCHEMA_VERSION, OutboxSQL
 from onceonly.errors import ConfigurationError, InvalidKey
 from onceonly.keys import uuid7
@@ -195,9 +196,10 @@ class AsyncOutbox:
         """Rows in ``state`` (``pending`` or ``dead``), oldest first."""
         if state not in ("pending", "dead"):
             raise ConfigurationError(f"unknown outbox state {state!r}")
-        async with self.store.session() as session:
-            cur = await session.execute(self.sql.list_rows(), (state, limit))
-            found = await cur.fetchall()
+        with store_errors():
+            async with self.store.session() as session:
+                cur = await session.execute(self.sql.list_rows(), (state, limit))
+                found = await cur.fetchall()
         return [OutboxRow(row_message(r), r[8]) for r in found]
 
     async def redrive(self, message_id: str | None = None) -> int:
@@ -206,19 +208,21 @@ class AsyncOutbox:
         Returns:
             How many rows were redriven.
         """
-        async with self.store.transaction() as session:
-            if message_id is None:
-                cur = await session.execute(self.sql.redrive(all_dead=True))
-            else:
-                cur = await session.execute(self.sql.redrive(all_dead=False), (message_id,))
-            count = int(cur.rowcount)
+        with store_errors():
+            async with self.store.transaction() as session:
+                if message_id is None:
+                    cur = await session.execute(self.sql.redrive(all_dead=True))
+                else:
+                    cur = await session.execute(self.sql.redrive(all_dead=False), (message_id,))
+                count = int(cur.rowcount)
         return count
 
     async def counts(self) -> dict[str, int]:
         """How many rows are pending and dead."""
-        async with self.store.session() as session:
-            cur = await session.execute(self.sql.counts())
-            found = await cur.fetchall()
+        with store_errors():
+            async with self.store.session() as session:
+                cur = await session.execute(self.sql.counts())
+                found = await cur.fetchall()
         out = {"pending": 0, "dead": 0}
         out.update({str(state): int(n) for state, n in found})
         return out

@@ -38,16 +38,14 @@ import contextlib
 import functools
 import logging
 import random
-import sqlite3
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from onceonly import _acompat
 from onceonly._core.backoff import backoff_delay
 from onceonly._core.codec import error_summary
-from onceonly.errors import InFlight, StoreError, StoreUnavailable
+from onceonly._outbox_errors import store_errors as _store_errors
+from onceonly.errors import StoreUnavailable
 from onceonly.messaging import AsyncPublisher, OutboxMessage
 from onceonly.outbox_async import outbox_sql, row_message
 from onceonly.outcome import new_token
@@ -69,51 +67,6 @@ _LISTEN_DEFAULTS = {
     "keepalives_interval": "10",
     "keepalives_count": "3",
 }
-
-
-def _transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is a database failure worth retrying (connection lost, server
-    shutting down or starting, a standby that is not yet promoted, a busy SQLite file)."""
-    if isinstance(exc, sqlite3.OperationalError):
-        text = str(exc)
-        return any(s in text for s in ("locked", "busy", "unable to open", "disk I/O"))
-    psycopg = sys.modules.get("psycopg")  # loaded if the store is PostgreSQL
-    if psycopg is not None and isinstance(exc, psycopg.Error):
-        # OperationalError: lost or refused connections, admin/crash shutdown, "starting
-        # up", pool timeouts, deadlocks. ReadOnlySqlTransaction: a failover in progress.
-        return isinstance(exc, (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction))
-    return False
-
-
-def _driver_error(exc: BaseException) -> bool:
-    """Whether ``exc`` comes from a database driver (sqlite3, psycopg)."""
-    if isinstance(exc, sqlite3.Error):
-        return True
-    psycopg = sys.modules.get("psycopg")
-    return psycopg is not None and isinstance(exc, psycopg.Error)
-
-
-@contextlib.contextmanager
-def _store_errors() -> Iterator[None]:
-    """Translate driver errors of the relay's own statements: transient ones (and a
-    write lock that SQLite did not grant in time) into StoreUnavailable, which is
-    retried, the others into StoreError.
-
-    (The stores translate the errors of their record statements; the relay runs its
-    statements through ``session.execute``, whose errors are the driver's own.)
-    """
-    try:
-        yield
-    except StoreError:
-        raise
-    except InFlight as exc:  # SQLite: another writer held the lock past the lock wait
-        raise StoreUnavailable(f"the outbox database is busy: {exc}") from exc
-    except Exception as exc:
-        if _transient(exc):
-            raise StoreUnavailable(f"the outbox database is unavailable: {exc}") from exc
-        if _driver_error(exc):
-            raise StoreError(f"an outbox statement failed: {exc}") from exc
-        raise
 
 
 @dataclass

@@ -58,7 +58,9 @@ def test_outbox_list_counts_and_redrive(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_relay_bad_broker_url(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An unknown broker scheme is a usage error with a clear message."""
-    code = main(["relay", "--url", f"sqlite:///{tmp_path / 'x.db'}", "--broker", "ftp://x"])
+    code = main(
+        ["relay", "--url", f"sqlite:///{tmp_path / 'x.db'}", "--create", "--broker", "ftp://x"]
+    )
     assert code == 2
     assert "unknown broker URL scheme" in capsys.readouterr().err
 

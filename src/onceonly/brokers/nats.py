@@ -54,14 +54,20 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-import nats
-import nats.errors
-import nats.js.errors
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext, api
+try:
+    import nats
+    import nats.errors
+    import nats.js.errors
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+    from nats.js import JetStreamContext, api
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "onceonly.brokers.nats needs the nats extra: pip install 'onceonly[nats]'"
+    ) from exc
 
 from onceonly._core.settle import Action, Backoff, header_text
+from onceonly._core.urls import redact_url
 from onceonly.brokers._consumer import (
     Deliveries,
     Handler,
@@ -211,7 +217,7 @@ class NatsPublisher:
                     conn = await _connect(self.url, self.connect_options, self.timeout)
                 except _TRANSPORT_ERRORS as exc:
                     raise PublishError(
-                        f"cannot connect to NATS at {self.url}: {exc!r}", key=message_id
+                        f"cannot connect to NATS at {redact_url(self.url)}: {exc!r}", key=message_id
                     ) from exc
                 self._connection = conn
                 self._js = None

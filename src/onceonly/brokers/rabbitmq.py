@@ -52,16 +52,21 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
-import aio_pika
-import aiormq
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractConnection,
-    AbstractExchange,
-    AbstractIncomingMessage,
-    AbstractQueue,
-    ConsumerTag,
-)
+try:
+    import aio_pika
+    import aiormq
+    from aio_pika.abc import (
+        AbstractChannel,
+        AbstractConnection,
+        AbstractExchange,
+        AbstractIncomingMessage,
+        AbstractQueue,
+        ConsumerTag,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "onceonly.brokers.rabbitmq needs the rabbitmq extra: pip install 'onceonly[rabbitmq]'"
+    ) from exc
 
 from onceonly._core.settle import Action, Backoff, header_text
 from onceonly.brokers._consumer import (

@@ -16,7 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg import sql
+try:
+    from psycopg import sql
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "the PostgreSQL store needs psycopg 3 and psycopg-pool: pip install 'onceonly[postgres]'"
+    ) from exc
 
 from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError
