@@ -126,6 +126,7 @@ class RelayStats:
     batches: int = 0
 
     def add(self, other: RelayStats) -> None:
+        """Add ``other``'s counts to these."""
         self.published += other.published
         self.failed += other.failed
         self.dead += other.dead
