@@ -68,7 +68,8 @@ dist: $(STAMP_ALL)
 	$(BIN)/python -m build --outdir dist
 	$(BIN)/twine check --strict dist/*
 
-# tests/core and tests/contract on the other supported Pythons (.venv-3.10, .venv-3.13).
+# The suite minus brokers and long runs on the other supported Pythons (.venv-3.10,
+# .venv-3.13; scripts/test-pythons says which tests and how it finds the interpreters).
 PYTHONS ?= 3.10 3.13
 test-pythons:
 	scripts/services postgres
