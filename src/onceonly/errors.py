@@ -11,6 +11,7 @@ The tree is organised by what the caller does next::
     ├── EncodingError         (TypeError)    a result that cannot be encoded as JSON
     │   └── InvalidPayload                   a payload without a canonical form: fix the producer
     ├── ConfigurationError    (ValueError)   bad URL, table name, option or missing extra
+    │   └── NotMigrated                      no tables yet: run store.migrate() (a StoreError too)
     ├── InFlight                             a live claim elsewhere: retry later / nack / 409
     ├── DeadLettered                         max_attempts reached: dead-letter it
     ├── LeaseLost                            your claim was taken over: discard your result
@@ -39,6 +40,7 @@ __all__ = [
     "InvalidPayload",
     "LeaseLost",
     "MissingMessageId",
+    "NotMigrated",
     "OnceOnlyError",
     "PayloadMismatch",
     "PublishError",
@@ -236,6 +238,21 @@ class StoreError(OnceOnlyError):
     """The store failed. The delivery should be retried; committed records are intact."""
 
     status_hint = 503
+
+
+class NotMigrated(ConfigurationError, StoreError):
+    """The store's tables do not exist yet (or not in this database / schema).
+
+    Both a :class:`ConfigurationError` (what to fix) and a :class:`StoreError` (where
+    it surfaced: code that catches store failures keeps working).
+
+    Run ``store.migrate()`` once (or open the store with ``migrate=True``, or run
+    ``onceonly migrate --url …``) before using it. Broker consumers retry a delivery that
+    meets this error without counting it, so no message is dead-lettered while a
+    deployment waits for its migration.
+
+    .. versionadded:: 0.2
+    """
 
 
 class StoreUnavailable(StoreError):

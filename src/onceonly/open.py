@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import inspect
 import urllib.parse
 from typing import Any
 
@@ -40,29 +41,65 @@ def _postgres_module(name: str) -> Any:
         raise
 
 
-def open_store(url: str, **options: Any) -> Store:
+def _check_options(cls: Any, options: dict[str, Any], url: str, *, skip: tuple[str, ...]) -> None:
+    """Refuse options the store class does not take, naming the ones it does."""
+    params = inspect.signature(cls).parameters
+    valid = sorted(
+        name
+        for name, p in params.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in skip
+    )
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for "
+            f"{_scheme(url)}:// stores; valid options: {', '.join(valid) or '(none)'}"
+        )
+
+
+def open_store(url: str, *, migrate: bool = False, **options: Any) -> Store:
     """Open a sync store.
 
     Args:
         url: the store URL (see the module docstring).
+        migrate: create or upgrade the store's tables before returning it (the same as
+            calling ``store.migrate()``; safe to repeat). Handy for scripts; services
+            usually migrate once at deploy time.
         **options: passed to the store class (``table=``, pool sizes, …).
 
     Raises:
-        ConfigurationError: an unknown scheme, a malformed URL, a missing extra.
+        ConfigurationError: an unknown scheme or option, a malformed URL, a missing
+            extra.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2 ``migrate=``; unknown options are refused.
     """
+    store = _open(url, options)
+    if migrate:
+        try:
+            store.migrate()
+        except BaseException:
+            store.close()
+            raise
+    return store
+
+
+def _open(url: str, options: dict[str, Any]) -> Store:
     scheme = _scheme(url)
     if scheme == "sqlite":
         from onceonly.stores._sqlite_url import from_url
+        from onceonly.stores.sqlite import SQLiteStore
 
+        _check_options(SQLiteStore, options, url, skip=("url",))
         return from_url(url, **options)
     if scheme == "memory":
         from onceonly.stores.memory import MemoryStore
 
+        _check_options(MemoryStore, options, url, skip=("url",))
         return MemoryStore(url=url, **options)
     if scheme in _POSTGRES:
         mod = _postgres_module("postgres")
+        _check_options(mod.PostgresStore, options, url, skip=("pool",))
         pg: Store = mod.PostgresStore(_pg_conninfo(url), **options)
         return pg
     raise ConfigurationError(f"unknown store scheme {scheme!r} in {url!r}")
@@ -71,16 +108,24 @@ def open_store(url: str, **options: Any) -> Store:
 def open_async_store(url: str, **options: Any) -> AsyncStore:
     """Open an async store (PostgreSQL natively; SQLite and memory through a thread).
 
+    To migrate on open, await the store's ``migrate()`` (safe to repeat):
+    ``store = open_async_store(url); await store.migrate()``.
+
+    Raises:
+        ConfigurationError: an unknown scheme or option, a malformed URL, a missing
+            extra.
+
     .. versionadded:: 0.1
     """
     scheme = _scheme(url)
     if scheme in _POSTGRES:
         mod = _postgres_module("postgres_async")
+        _check_options(mod.AsyncPostgresStore, options, url, skip=("pool",))
         pg: AsyncStore = mod.AsyncPostgresStore(_pg_conninfo(url), **options)
         return pg
     from onceonly.stores.threaded import ThreadedAsyncStore
 
-    return ThreadedAsyncStore(open_store(url, **options))
+    return ThreadedAsyncStore(_open(url, options))
 
 
 def _pg_conninfo(url: str) -> str:

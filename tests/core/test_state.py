@@ -67,6 +67,19 @@ def claim(
     )
 
 
+def retake(
+    fingerprint: str | None,
+    attempts: int,
+    checkpoint: str | None = None,
+    payload: str | None = None,
+) -> Write:
+    """A claim retaken from a failed or lapsed record: it keeps the checkpoint the store
+    holds when the write lands (spec §2.4), whatever was read."""
+    return dataclasses.replace(
+        claim(fingerprint, attempts, checkpoint, payload), keep_checkpoint=True
+    )
+
+
 def dead(record: Record, attempts: int, error: str | None) -> Write:
     """The write parking ``record`` as dead (a new token fences the lapsed worker)."""
     return Write(
@@ -145,7 +158,7 @@ CASES: list[tuple[str, Record | None, str | None, Decision]] = [
         Decision(
             Action.RUN,
             LAPSED,
-            claim(FP, 2, CHECKPOINT, LAPSED.payload),
+            retake(FP, 2, CHECKPOINT, LAPSED.payload),
             attempt=3,
             expect=lapsed(LAPSED),
         ),
@@ -154,13 +167,13 @@ CASES: list[tuple[str, Record | None, str | None, Decision]] = [
         "in-progress-lapses-exactly-now",
         LAPSING_NOW,
         FP,
-        Decision(Action.RUN, LAPSING_NOW, claim(FP, 1), attempt=2, expect=lapsed(LAPSING_NOW)),
+        Decision(Action.RUN, LAPSING_NOW, retake(FP, 1), attempt=2, expect=lapsed(LAPSING_NOW)),
     ),
     (
         "in-progress-without-lease",
         NO_LEASE,
         FP,
-        Decision(Action.RUN, NO_LEASE, claim(FP, 1), attempt=2, expect=lapsed(NO_LEASE)),
+        Decision(Action.RUN, NO_LEASE, retake(FP, 1), attempt=2, expect=lapsed(NO_LEASE)),
     ),
     (
         "in-progress-lapsed-reaches-max",
@@ -191,7 +204,7 @@ CASES: list[tuple[str, Record | None, str | None, Decision]] = [
         Decision(
             Action.RUN,
             FAILED,
-            claim(FP, 1, payload=FAILED.payload),
+            retake(FP, 1, payload=FAILED.payload),
             attempt=2,
             expect=same(FAILED),
         ),
@@ -203,7 +216,7 @@ CASES: list[tuple[str, Record | None, str | None, Decision]] = [
         Decision(
             Action.RUN,
             FAILED_CHECKPOINTED,
-            claim(FP, 2, CHECKPOINT, FAILED_CHECKPOINTED.payload),
+            retake(FP, 2, CHECKPOINT, FAILED_CHECKPOINTED.payload),
             attempt=3,
             expect=same(FAILED_CHECKPOINTED),
         ),
@@ -215,7 +228,7 @@ CASES: list[tuple[str, Record | None, str | None, Decision]] = [
         Decision(
             Action.RUN,
             REDRIVEN,
-            claim(FP, 0, payload=REDRIVEN.payload),
+            retake(FP, 0, payload=REDRIVEN.payload),
             attempt=1,
             expect=same(REDRIVEN),
         ),
@@ -261,7 +274,7 @@ CASES: list[tuple[str, Record | None, str | None, Decision]] = [
         Decision(
             Action.RUN,
             FAILED,
-            claim(FP, 1, payload=FAILED.payload),
+            retake(FP, 1, payload=FAILED.payload),
             attempt=2,
             expect=same(FAILED),
         ),

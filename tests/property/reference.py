@@ -140,7 +140,9 @@ class Model:
             token,
             generation,
             lease_until=self.now + LEASE,
-            checkpoint=dict(pred.carried),
+            # a retake keeps the checkpoint the row holds when it is written, which a
+            # lapsed holder may have saved after the read that predicted this run
+            checkpoint=dict(row.checkpoint if retaken and row is not None else pred.carried),
             snapshot=row.snapshot if retaken and row is not None else None,
         )
         return token

@@ -23,6 +23,7 @@ from psycopg import pq
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
+import onceonly
 from onceonly._core.state import Expect, State, Write
 from onceonly.errors import (
     ConfigurationError,
@@ -587,6 +588,7 @@ def test_missing_table_is_a_store_error(table: str, pg_url: str) -> None:
         with store.session() as s, pytest.raises(StoreError, match="migrate") as info:
             s.get(SCOPE, "k")
         assert not isinstance(info.value, StoreUnavailable)
+        assert isinstance(info.value, onceonly.NotMigrated)
         assert isinstance(info.value.__cause__, psycopg.errors.UndefinedTable)
     finally:
         store.close()

@@ -35,6 +35,7 @@ HANDLER    any other                                   RETRY counted (``handler-
 INBOX      ``ReplayedError``, one of ``cache_errors``  ACK ``cached-error``
 INBOX      ``InFlight``                                RETRY uncounted (``in-flight``)
 INBOX      ``StoreUnavailable``                        RETRY uncounted (``store-unavailable``)
+INBOX      ``NotMigrated`` (the store has no tables)   RETRY uncounted (``not-migrated``)
 INBOX      ``DeadLettered``                            DEAD_LETTER ``dead-lettered``
 INBOX      ``PayloadMismatch``                         DEAD_LETTER ``payload-mismatch``
 INBOX      ``InvalidKey`` (``MissingMessageId``)       DEAD_LETTER ``invalid-id``
@@ -70,6 +71,7 @@ from onceonly.errors import (
     InFlight,
     InvalidKey,
     InvalidPayload,
+    NotMigrated,
     PayloadMismatch,
     ReplayedError,
     StoreError,
@@ -94,6 +96,8 @@ MAX_ERROR_CHARS = 1000
 
 # Reasons a dead letter carries in its onceonly-dead-reason header.
 MAX_DELIVERIES = "max-deliveries"
+#: An uncounted retry: the store has no tables yet (run ``store.migrate()``).
+NOT_MIGRATED = "not-migrated"
 UNDECODABLE = "undecodable"
 INVALID_ID = "invalid-id"
 DEAD_LETTERED = "dead-lettered"
@@ -249,12 +253,19 @@ def verdict(
         return _counted("handler-error", exc, delivery_count, max_deliveries, backoff, jitter)
     if isinstance(exc, ReplayedError) or (cache_errors and isinstance(exc, cache_errors)):
         return Verdict(Action.ACK, "cached-error", describe(exc))
-    if isinstance(exc, (InFlight, StoreUnavailable)):
+    if isinstance(exc, (InFlight, StoreUnavailable, NotMigrated)):
+        # not the message's fault: a concurrent duplicate, a store that went away, or a
+        # deployment whose migration has not run yet; nothing is dead-lettered meanwhile
         delay = backoff.delay(uncounted_retries + 1, jitter)
         retry_after = exc.retry_after if isinstance(exc, InFlight) else None
         if retry_after is not None:
             delay = min(max(delay, retry_after), backoff.cap)
-        reason = "in-flight" if isinstance(exc, InFlight) else "store-unavailable"
+        if isinstance(exc, InFlight):
+            reason = "in-flight"
+        elif isinstance(exc, NotMigrated):
+            reason = NOT_MIGRATED
+        else:
+            reason = "store-unavailable"
         return Verdict(Action.RETRY, reason, describe(exc), delay=delay, counted=False)
     for kind, reason in _DEAD_ERRORS:
         if isinstance(exc, kind):

@@ -24,8 +24,12 @@ Rules, in the order :func:`decide` applies them to an existing record:
 6. ``failed`` → retried with a new token while ``attempts < max_attempts``, else dead.
 
 A retaken claim keeps the record's checkpoint and payload snapshot (so a record that
-ends ``dead`` can still be redriven). Parking as ``dead`` issues a new token, so the
-worker whose claim lapsed can no longer complete it.
+ends ``dead`` can still be redriven). The checkpoint is kept **as the store holds it when
+the retake is written** (``Write.keep_checkpoint``), not as it was read: a holder whose
+lease lapsed may still save a checkpoint (which renews its lease) between the read and the
+write, and its lease may lapse again before the write lands; carrying the checkpoint that
+was read would then lose the newer step, and a resumed run would repeat it. Parking as
+``dead`` issues a new token, so the worker whose claim lapsed can no longer complete it.
 
 Every write is a :class:`Write`: the whole new row except times, which the store fills in
 from its own clock (``lease_seconds`` and ``ttl_seconds`` are relative to the store's now).
@@ -95,6 +99,9 @@ class Write:
     ``lease_seconds``: ``lease_until = now + lease_seconds`` (``None``: no lease).
     ``ttl_seconds``: ``expires_at = now + ttl_seconds`` (``None``: never expires).
     ``completed``: ``completed_at = now``.
+    ``keep_checkpoint``: store the checkpoint the record holds at the moment of the write
+    (in the same statement) instead of ``checkpoint``; the record returned by the store
+    carries the kept value.
     """
 
     state: State
@@ -108,6 +115,7 @@ class Write:
     checkpoint: str | None = None
     ttl_seconds: float | None = None
     completed: bool = False
+    keep_checkpoint: bool = False
 
 
 @dataclass(frozen=True)
@@ -291,6 +299,7 @@ def decide(
                 claim_write(record_fp, token, policy, attempts),
                 checkpoint=record.checkpoint,
                 payload=record.payload,
+                keep_checkpoint=True,
             ),
             attempt=attempts + 1,
             expect=lapsed,
@@ -311,6 +320,7 @@ def decide(
             claim_write(record_fp, token, policy, record.attempts),
             checkpoint=record.checkpoint,
             payload=record.payload,
+            keep_checkpoint=True,
         ),
         attempt=record.attempts + 1,
         expect=failed,

@@ -41,6 +41,7 @@ from typing import Any
 from onceonly._core.keys import content_key, validate_key
 from onceonly._core.settle import (
     ACK,
+    NOT_MIGRATED,
     Action,
     Backoff,
     Stage,
@@ -312,7 +313,9 @@ class Deliveries:
                 )
                 if decided.action is Action.RETRY and not decided.counted:
                     uncounted += 1
-                    self.log.info(
+                    # an operator must see a missing migration; the rest is routine
+                    say = self.log.warning if decided.reason == NOT_MIGRATED else self.log.info
+                    say(
                         "%s: %s (%s); retrying in %.2fs without handing it back",
                         message_id,
                         decided.reason,

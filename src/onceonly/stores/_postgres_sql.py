@@ -10,6 +10,7 @@ that reading (:func:`_written`), exactly as PostgreSQL computed it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any
 
 from psycopg import sql
 
-from onceonly._core.state import Record, State, Write
+from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError
 
 _SAVEPOINT = "onceonly"
@@ -98,7 +99,8 @@ def _update(source: str) -> str:
     return (
         "UPDATE {t} AS r SET state = %s, fingerprint = %s, token = %s, attempts = %s, "
         "lease_until = n.ts + make_interval(secs => %s), result = %s, error = %s, "
-        "payload = %s, checkpoint = %s, updated_at = n.ts, "
+        "payload = %s, checkpoint = CASE WHEN %s THEN r.checkpoint ELSE %s END, "
+        "updated_at = n.ts, "
         "completed_at = CASE WHEN %s THEN n.ts END, "
         "expires_at = n.ts + make_interval(secs => %s) "
         f"FROM {source} WHERE r.scope = %s AND r.key = %s AND r.token = %s "
@@ -106,7 +108,7 @@ def _update(source: str) -> str:
         # ``lapsed`` that the lease (or expiry) has still run out on this statement's clock.
         "AND r.state = %s AND (NOT %s OR CASE WHEN r.state = 'completed' "
         "THEN r.expires_at <= n.ts ELSE coalesce(r.lease_until <= n.ts, true) END) "
-        f"RETURNING {_STAMP}, date_part('epoch', r.created_at) AS created_at"
+        f"RETURNING {_STAMP}, date_part('epoch', r.created_at) AS created_at, r.checkpoint"
     )
 
 
@@ -222,6 +224,31 @@ def _write_values(scope: str, key: str, write: Write) -> tuple[Any, ...]:
         write.completed,
         None if write.ttl_seconds is None else float(write.ttl_seconds),
     )
+
+
+def _update_values(scope: str, key: str, write: Write, expect: Expect) -> tuple[Any, ...]:
+    """The bound values of ``update``: the SET list (``keep_checkpoint`` before the
+    checkpoint), then the row and the version it must still be."""
+    values = _write_values(scope, key, write)
+    return (
+        *values[2:10],
+        write.keep_checkpoint,
+        *values[10:],
+        scope,
+        key,
+        expect.token,
+        expect.state.value,
+        expect.lapsed,
+    )
+
+
+def _updated(scope: str, key: str, write: Write, row: Sequence[Any]) -> Record:
+    """The record ``update`` stored: the Write stamped at ``row[0]``, with the checkpoint
+    the statement kept (``row[2]``)."""
+    record = _written(scope, key, write, row[0], row[1])
+    if write.keep_checkpoint and record.checkpoint != row[2]:
+        return dataclasses.replace(record, checkpoint=row[2])
+    return record
 
 
 def _lock_timeout(lock_wait: float) -> str | None:

@@ -38,7 +38,9 @@ def apply_write(scope: str, key: str, write: Write, now: float, old: Record | No
         result=write.result,
         error=write.error,
         payload=write.payload,
-        checkpoint=write.checkpoint,
+        checkpoint=(
+            old.checkpoint if write.keep_checkpoint and old is not None else write.checkpoint
+        ),
         created_at=old.created_at if old is not None else now,
         updated_at=now,
         completed_at=now if write.completed else None,

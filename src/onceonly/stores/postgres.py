@@ -36,6 +36,7 @@ so SQL run directly on ``session.connection`` before it is still inside the tran
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import time
@@ -48,7 +49,7 @@ try:
     from psycopg import sql
     from psycopg.conninfo import conninfo_to_dict
     from psycopg.pq import TransactionStatus
-    from psycopg_pool import ConnectionPool
+    from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "the PostgreSQL store needs psycopg 3 and psycopg-pool: pip install 'onceonly[postgres]'"
@@ -60,6 +61,7 @@ from onceonly._outbox_sql import OutboxSQL
 from onceonly.errors import (
     ConfigurationError,
     StoreError,
+    StoreUnavailable,
 )
 from onceonly.stores._postgres_sql import (
     _lock_timeout,
@@ -77,6 +79,11 @@ from onceonly.stores.postgres_session import (
 __all__ = ["PostgresSession", "PostgresStore"]
 
 log = logging.getLogger(__name__)
+# psycopg-pool logs a warning for every failed connection attempt; without a logging
+# setup Python prints them to stderr (its "last resort" handler) while a caller waits for
+# the StoreUnavailable that explains the failure. A NullHandler silences only that
+# fallback: an application that configures logging still receives the records.
+logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 SCHEMA_VERSION = 1
 SCHEMA_TABLE = "onceonly_schema"
@@ -91,6 +98,24 @@ _RETURNED_MAX = 4096
 def _conninfo(url: str) -> str:
     """Accept SQLAlchemy-style ``postgresql+psycopg://`` URLs as well as libpq ones."""
     return re.sub(r"^(postgres(?:ql)?)\+\w+://", r"\1://", url)
+
+
+def _libpq_seconds(seconds: float) -> int:
+    """``seconds`` as libpq's ``connect_timeout`` (whole seconds; it treats 1 as 2)."""
+    return max(2, math.ceil(seconds))
+
+
+def _describe(conninfo: str) -> str:
+    """host, port, database and user of ``conninfo``, never its password."""
+    try:
+        params = conninfo_to_dict(_conninfo(conninfo))
+    except psycopg.Error:
+        return "an unparsable conninfo"
+    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "local"
+    port = params.get("port") or os.environ.get("PGPORT") or "5432"
+    db = params.get("dbname") or os.environ.get("PGDATABASE") or params.get("user") or "?"
+    user = params.get("user") or os.environ.get("PGUSER") or "?"
+    return f"host {host}, port {port}, database {db}, user {user}"
 
 
 def _is_local(conninfo: str) -> bool:
@@ -120,6 +145,11 @@ class PostgresStore:
         timeout: seconds to wait for a free connection before
             :class:`~onceonly.StoreUnavailable`.
         outbox_table: the outbox table :meth:`migrate` creates too (``None``: none).
+        connect_timeout: seconds to wait for the server when connecting, and for the
+            first connection the store ever hands out; past it the cause (refused,
+            unknown host, authentication failed, no such database) is raised as
+            :class:`~onceonly.StoreUnavailable`, naming host, port and database but
+            never the password.
         pipeline: send a transaction's ``BEGIN`` (or ``SAVEPOINT``) in one pipeline with
             its first statement, saving a round trip. ``None`` (the default) decides by
             the server's address: yes for a remote server, no over loopback or a Unix
@@ -154,7 +184,16 @@ class PostgresStore:
         timeout: float = 30.0,
         outbox_table: str | None = "onceonly_outbox",
         pipeline: bool | None = None,
+        connect_timeout: float = 5.0,
     ) -> None:
+        if not (isinstance(connect_timeout, (int, float)) and 0 < connect_timeout < 1e6):
+            raise ConfigurationError(
+                f"connect_timeout must be a positive number of seconds, not {connect_timeout!r}"
+            )
+        self.connect_timeout = float(connect_timeout)
+        # until a connection has been handed out once, a checkout waits connect_timeout
+        # (not the pool's timeout) and then says why the server cannot be reached
+        self._connected_once = False
         self.table = validate_identifier(table)
         self.outbox_table = None if outbox_table is None else validate_identifier(outbox_table)
         self._component = f"records:{table}"  # its row in onceonly_schema
@@ -176,7 +215,8 @@ class PostgresStore:
                 min_size=min_size,
                 max_size=max_size,
                 timeout=timeout,
-                kwargs={"autocommit": True},  # transactions send BEGIN themselves
+                # transactions send BEGIN themselves; libpq takes whole seconds (>= 2)
+                kwargs={"autocommit": True, "connect_timeout": _libpq_seconds(connect_timeout)},
                 # a connection the server dropped while idle (idle timeout, restart,
                 # failover) is replaced at checkout, not handed to a claim or completion
                 check=self._check_if_idle,
@@ -349,12 +389,43 @@ class PostgresStore:
         """A pooled connection set to ``autocommit``, and its setting to restore."""
         if self._closed or not self._opened:
             self.open()
-        with _DriverErrors():
-            conn = self._pool.getconn()
+        if not self._connected_once:
+            conn = self._first_connection()
+        else:
+            with _DriverErrors():
+                conn = self._pool.getconn()
         original = conn.autocommit
         if original != autocommit:
             conn.set_autocommit(autocommit)
         return conn, original
+
+    def _first_connection(self) -> psycopg.Connection[Any]:
+        """The first checkout, bounded by ``connect_timeout``; on failure, the cause."""
+        try:
+            with _DriverErrors():
+                conn: psycopg.Connection[Any] = self._pool.getconn(timeout=self.connect_timeout)
+        except StoreUnavailable as exc:
+            if isinstance(exc.__cause__, PoolTimeout):
+                raise StoreUnavailable(self._why_unreachable()) from None
+            raise
+        self._connected_once = True
+        return conn
+
+    def _why_unreachable(self) -> str:
+        """Connect once, directly, to learn why the pool could not (no password shown)."""
+        where = _describe(self.conninfo)
+        try:
+            conn = psycopg.Connection.connect(
+                self.conninfo, connect_timeout=_libpq_seconds(self.connect_timeout)
+            )
+        except psycopg.Error as exc:
+            cause = " ".join(str(exc).split())
+            return f"cannot connect to PostgreSQL ({where}): {cause}"
+        conn.close()
+        return (
+            f"no connection to PostgreSQL ({where}) within {self.connect_timeout:g}s: the "
+            "server answers now, but the pool could not connect in time (max_size, load?)"
+        )
 
     def _checkin(self, conn: psycopg.Connection[Any], autocommit: bool) -> None:
         """Give ``conn`` back to the pool with its ``autocommit`` setting restored."""

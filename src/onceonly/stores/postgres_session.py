@@ -29,6 +29,7 @@ from onceonly._core.sql import qmark_to_format
 from onceonly._core.state import Expect, Record, Write
 from onceonly.errors import (
     InFlight,
+    NotMigrated,
     StoreError,
     StoreUnavailable,
     TransactionAborted,
@@ -41,6 +42,8 @@ from onceonly.stores._postgres_sql import (
     _UNDO_SAVEPOINT,
     _record,
     _Statement,
+    _update_values,
+    _updated,
     _write_values,
     _written,
 )
@@ -98,8 +101,9 @@ class _DriverErrors:
         if isinstance(exc, PoolClosed):
             return StoreError("the store is closed", scope=scope, key=key)
         if isinstance(exc, psycopg.errors.UndefinedTable):
-            return StoreError(
-                f"the records table is missing; run store.migrate() first ({exc})",
+            return NotMigrated(
+                "a table of the store is missing; run store.migrate() first "
+                f"({exc.diag.message_primary or exc})",
                 scope=scope,
                 key=key,
             )
@@ -285,20 +289,13 @@ class PostgresSession:
 
     def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
         """Store ``write`` if the record is still the version ``expect``; else ``None``."""
-        params = (
-            *_write_values(scope, key, write)[2:],
-            scope,
-            key,
-            expect.token,
-            expect.state.value,
-            expect.lapsed,
-        )
+        params = _update_values(scope, key, write, expect)
         cur = self._run(self._q.update, params, scope, key)
         row = cur.fetchone()
         if row is None or row[0] is None:
             return None
         self._held.add((scope, key))
-        return _written(scope, key, write, row[0], row[1])
+        return _updated(scope, key, write, row)
 
     def insert(self, scope: str, key: str, write: Write) -> Record | None:
         """Insert ``write`` if ``(scope, key)`` is absent; else ``None``."""

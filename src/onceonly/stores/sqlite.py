@@ -31,6 +31,7 @@ from onceonly._outbox_sql import OutboxSQL
 from onceonly.errors import (
     ConfigurationError,
     InFlight,
+    NotMigrated,
     StoreError,
     StoreUnavailable,
     TransactionEnded,
@@ -85,6 +86,13 @@ def _row_values(write: Write, now: float) -> tuple[Any, ...]:
     )
 
 
+def _update_values(write: Write, now: float) -> tuple[Any, ...]:
+    """The SET values of ``update``: ``_row_values`` with ``keep_checkpoint`` before the
+    checkpoint (``CASE WHEN keep THEN checkpoint ELSE ? END``)."""
+    values = _row_values(write, now)
+    return (*values[:8], write.keep_checkpoint, *values[8:])
+
+
 @contextmanager
 def _errors(*, begin: bool = False) -> Iterator[None]:
     """Translate sqlite3 errors raised by the store's own statements."""
@@ -101,6 +109,11 @@ def _errors(*, begin: bool = False) -> Iterator[None]:
             raise StoreUnavailable(f"SQLite is busy: {text}") from exc
         if "unable to open" in text or "disk I/O" in text:
             raise StoreUnavailable(f"SQLite is unavailable: {text}") from exc
+        if text.startswith("no such table"):
+            # only the store's own statements come through here, never the handler's
+            raise NotMigrated(
+                f"a table of the store is missing; run store.migrate() first ({text})"
+            ) from exc
         raise StoreError(f"SQLite failed: {text}") from exc
     except sqlite3.Error as exc:
         raise StoreError(f"SQLite failed: {exc}") from exc
@@ -166,7 +179,7 @@ class SQLiteSession:
             row = self._conn.execute(
                 self._store._q["update"],
                 (
-                    *_row_values(write, now),
+                    *_update_values(write, now),
                     scope,
                     key,
                     expect.token,
@@ -257,7 +270,8 @@ class SQLiteStore:
             ),
             "update": (
                 f"UPDATE {t} SET state = ?, fingerprint = ?, token = ?, attempts = ?,"
-                " lease_until = ?, result = ?, error = ?, payload = ?, checkpoint = ?,"
+                " lease_until = ?, result = ?, error = ?, payload = ?,"
+                " checkpoint = CASE WHEN ? THEN checkpoint ELSE ? END,"
                 " updated_at = ?, completed_at = ?, expires_at = ?"
                 " WHERE scope = ? AND key = ? AND token = ? AND state = ? AND (? = 0 OR CASE"
                 " WHEN state = 'completed' THEN expires_at <= ? ELSE coalesce(lease_until <= ?, 1)"
