@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_BASE := $(VENV)/.installed-base
 STAMP_ALL := $(VENV)/.installed-all
 
-.PHONY: demo test soak lint typecheck unasync services bench chaos fuzz clean
+.PHONY: demo test soak lint typecheck unasync services bench chaos fuzz clean docs dist test-pythons
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,7 +33,7 @@ lint: $(STAMP_ALL)
 typecheck: $(STAMP_ALL)
 	$(BIN)/mypy
 
-test: $(STAMP_ALL) services lint typecheck
+test: $(STAMP_ALL) services lint typecheck docs
 	CI=$${CI:-} $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP_ALL) services
@@ -57,5 +57,23 @@ fuzz: $(STAMP_ALL) services
 chaos: $(STAMP_ALL) services
 	$(BIN)/python -m chaos $(CHAOS_ARGS)
 
+# The documentation site (mkdocs.yml) into site/; --strict: a broken link, an unknown
+# reference or a docstring warning fails it.
+docs: $(STAMP_ALL)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# The sdist and the wheel into dist/, checked as PyPI would (tests/packaging does it too).
+dist: $(STAMP_ALL)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+	$(BIN)/twine check --strict dist/*
+
+# The suite minus brokers and long runs on the other supported Pythons (.venv-3.10,
+# .venv-3.13; scripts/test-pythons says which tests and how it finds the interpreters).
+PYTHONS ?= 3.10 3.13
+test-pythons:
+	scripts/services postgres
+	CI=$${CI:-} scripts/test-pythons $(PYTHONS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site dist .venv-3.*

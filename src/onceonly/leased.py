@@ -85,8 +85,9 @@ class Claim:
     """A claim held in leased mode.
 
     Attributes:
-        scope, key: what is claimed. Pass ``key`` downstream (payment provider
-            idempotency key, email dedup id) for end-to-end effectively-once.
+        scope: the namespace of the claimed key (the function's scope).
+        key: the claimed key. Pass it downstream (payment provider idempotency key,
+            email dedup id) for end-to-end effectively-once.
         token: the fencing token of this claim.
         attempt: 1 for the first run, 2 for the first retry, …
         checkpoints: step -> data saved by earlier runs of this key (resume from them).

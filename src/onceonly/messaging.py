@@ -76,9 +76,15 @@ class AsyncPublisher(Protocol):
 class Publisher(Protocol):
     """The sync form of :class:`AsyncPublisher`."""
 
-    def publish(self, message: OutboxMessage) -> None: ...
+    def publish(self, message: OutboxMessage) -> None:
+        """Publish ``message`` with ``message.id`` as its id; return once confirmed.
 
-    def close(self) -> None: ...
+        Raises:
+            PublishError: refused, unroutable, not confirmed, or the connection failed.
+        """
+
+    def close(self) -> None:
+        """Release the broker connection."""
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ class RelayStats:
     batches: int = 0
 
     def add(self, other: RelayStats) -> None:
+        """Add ``other``'s counts to these."""
         self.published += other.published
         self.failed += other.failed
         self.dead += other.dead
@@ -95,14 +96,16 @@ class AsyncRelay:
         batch_size: rows claimed at once.
         poll_interval: seconds between polls when idle (LISTEN shortens it on PostgreSQL).
         max_attempts: failed publishes after which a row is dead.
-        backoff_base, backoff_cap: the retry delay is ``min(cap, base * 2**(n-1))`` with
-            jitter.
+        backoff_base: the first retry delay of a failed publish, in seconds; the n-th
+            is ``min(backoff_cap, backoff_base * 2**(n-1))`` with jitter.
+        backoff_cap: the longest retry delay of a failed publish, in seconds.
         ordered: publish rows that share a key in insert order, one in flight per key.
         lease: SQLite only: how long a claimed batch is reserved for this relay.
         concurrency: publishes in flight at once within a batch (unordered keys).
         listen: use LISTEN/NOTIFY on PostgreSQL.
-        reconnect_base, reconnect_cap: while the database is unavailable, :meth:`run`
-            retries after ``min(cap, base * 2**(n-1))`` seconds with jitter.
+        reconnect_base: while the database is unavailable, ``run`` retries after
+            ``min(reconnect_cap, reconnect_base * 2**(n-1))`` seconds with jitter.
+        reconnect_cap: the longest wait between two reconnection tries, in seconds.
 
     .. versionadded:: 0.1
     """

@@ -101,10 +101,13 @@ def test_store_gone_midway_is_store_error(tmp_path: Path) -> None:
     """A database file that becomes unusable raises a StoreError, not a driver error."""
     path = tmp_path / "gone.db"
     store = onceonly.open_store(f"sqlite:///{path}")
-    store.migrate()
-    inbox = onceonly.Inbox(store, consumer="c")
-    inbox.process("k1", {}, lambda p, tx: 1)
-    with store.session() as s:
-        s.execute(f"DROP TABLE {store.table}")
-    with pytest.raises(onceonly.StoreError):
-        inbox.process("k2", {}, lambda p, tx: 2)
+    try:
+        store.migrate()
+        inbox = onceonly.Inbox(store, consumer="c")
+        inbox.process("k1", {}, lambda p, tx: 1)
+        with store.session() as s:
+            s.execute(f"DROP TABLE {store.table}")
+        with pytest.raises(onceonly.StoreError):
+            inbox.process("k2", {}, lambda p, tx: 2)
+    finally:  # Python 3.13 warns about sqlite3 connections left to the garbage collector
+        store.close()

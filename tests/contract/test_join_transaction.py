@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,19 +12,26 @@ import pytest
 
 import onceonly
 
+Joined = tuple[Any, sqlite3.Connection]
 
-def _setup(tmp_path: Path) -> tuple[Any, sqlite3.Connection]:
+
+@pytest.fixture
+def joined(tmp_path: Path) -> Iterator[Joined]:
+    """A store and the caller's own connection to the same SQLite file."""
     path = tmp_path / "join.db"
     store = onceonly.open_store(f"sqlite:///{path}")
     store.migrate()
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("CREATE TABLE orders (id TEXT)")
-    return store, conn
+    yield store, conn
+    # closed, not left to the garbage collector (Python 3.13 warns about that)
+    conn.close()
+    store.close()
 
 
-def test_claim_rolls_back_with_the_caller(tmp_path: Path) -> None:
+def test_claim_rolls_back_with_the_caller(joined: Joined) -> None:
     """If the caller rolls back, the claim and the handler's writes vanish together."""
-    store, conn = _setup(tmp_path)
+    store, conn = joined
     inbox = onceonly.Inbox(store, consumer="c")
     conn.execute("BEGIN")
     conn.execute("INSERT INTO orders VALUES ('o-1')")
@@ -39,9 +47,9 @@ def test_claim_rolls_back_with_the_caller(tmp_path: Path) -> None:
     assert inbox.process("k", {}, lambda p, tx: 2).result == 2  # the claim was undone too
 
 
-def test_claim_commits_with_the_caller(tmp_path: Path) -> None:
+def test_claim_commits_with_the_caller(joined: Joined) -> None:
     """When the caller commits, the key is completed and replays."""
-    store, conn = _setup(tmp_path)
+    store, conn = joined
     inbox = onceonly.Inbox(store, consumer="c")
     conn.execute("BEGIN")
     inbox.process("k", {}, lambda p, tx: "done", connection=conn)
@@ -50,9 +58,9 @@ def test_claim_commits_with_the_caller(tmp_path: Path) -> None:
     assert inbox.process("k", {}, lambda p, tx: "other").result == "done"
 
 
-def test_failure_inside_caller_transaction_rolls_back_to_savepoint(tmp_path: Path) -> None:
+def test_failure_inside_caller_transaction_rolls_back_to_savepoint(joined: Joined) -> None:
     """A failing handler undoes only its own writes; the caller's earlier writes stay."""
-    store, conn = _setup(tmp_path)
+    store, conn = joined
     inbox = onceonly.Inbox(store, consumer="c")
     conn.execute("BEGIN")
     conn.execute("INSERT INTO orders VALUES ('mine')")
@@ -67,9 +75,9 @@ def test_failure_inside_caller_transaction_rolls_back_to_savepoint(tmp_path: Pat
     conn.execute("COMMIT")
 
 
-def test_connection_outside_a_transaction_is_refused(tmp_path: Path) -> None:
+def test_connection_outside_a_transaction_is_refused(joined: Joined) -> None:
     """A connection that is not inside a transaction raises ConfigurationError."""
-    store, conn = _setup(tmp_path)
+    store, conn = joined
     inbox = onceonly.Inbox(store, consumer="c")
     with pytest.raises(onceonly.ConfigurationError, match="not inside a transaction"):
         inbox.process("k", {}, lambda p, tx: 1, connection=conn)

@@ -438,3 +438,23 @@ values = st.recursive(
 def test_decode_encode_preserves_value_and_type(value: Any) -> None:
     """decode(encode(x)) == x, with the same type at every level."""
     assert_same(value, round_trip(value))
+
+
+@pytest.mark.parametrize("typed", [True, False])
+def test_depth_limit_is_the_same_on_every_python(typed: bool) -> None:
+    """Both encodings accept MAX_DEPTH nested containers and refuse one more.
+
+    The plain encoding used to rely on the recursion limit, which Python 3.12+ does not
+    apply to json's C encoder (a 5,000-deep result was stored on 3.13).
+    """
+    from onceonly._core.canonical import MAX_DEPTH
+
+    def nested(levels: int) -> Any:
+        value: Any = "leaf"
+        for i in range(levels):
+            value = [value] if i % 2 else {"k": value}
+        return value
+
+    codec.encode(nested(MAX_DEPTH), typed=typed)
+    with pytest.raises(onceonly.EncodingError, match="nested"):
+        codec.encode(nested(MAX_DEPTH + 1), typed=typed)

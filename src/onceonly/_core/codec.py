@@ -233,7 +233,25 @@ def _plain_default(value: Any) -> Any:
 
 
 def _plain(value: Any) -> str:
-    return json.dumps(value, default=_plain_default, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(value, default=_plain_default, separators=(",", ":"), allow_nan=False)
+    # json.dumps has no depth limit of its own: it stops at the interpreter's recursion
+    # limit, which Python 3.12+ no longer applies to C code. Fewer brackets than
+    # MAX_DEPTH (the common case, counted at C speed) cannot nest that deep.
+    if text.count("[") + text.count("{") > MAX_DEPTH:
+        _check_depth(json.loads(text))
+    return text
+
+
+def _check_depth(node: Any) -> None:
+    """Raise RecursionError when ``node`` nests containers deeper than ``MAX_DEPTH``."""
+    stack: list[tuple[Any, int]] = [(node, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if isinstance(item, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise RecursionError
+            stack.extend((child, depth + 1) for child in children)
 
 
 def encode(

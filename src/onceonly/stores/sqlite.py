@@ -256,6 +256,7 @@ class SQLiteStore:
         self.synchronous = synchronous.upper()
         self._pool: list[sqlite3.Connection] = []
         self._pool_pid = os.getpid()
+        self._closed = False  # connections given back after close() are closed, not kept
         self._lock = threading.Lock()
         t = self.table
         cols = _COLUMNS
@@ -311,7 +312,7 @@ class SQLiteStore:
             conn.close()
             return
         with self._lock:
-            if self._pool_pid == os.getpid() and len(self._pool) < 16:
+            if not self._closed and self._pool_pid == os.getpid() and len(self._pool) < 16:
                 self._pool.append(conn)
                 return
         conn.close()
@@ -428,8 +429,13 @@ class SQLiteStore:
             self._release(conn)
 
     def close(self) -> None:
-        """Close the pooled connections of this process."""
+        """Close the pooled connections of this process.
+
+        A connection still in use (a transaction finishing on another thread) is closed
+        when it is given back. The store stays usable, without pooling.
+        """
         with self._lock:
             pool, self._pool = self._pool, []
+            self._closed = True
         for conn in pool:
             conn.close()
