@@ -99,7 +99,39 @@ def _run_outbox(args: argparse.Namespace) -> int:
     return run_outbox(args)
 
 
+def _configure_migrate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", required=True, help="the store URL to create or upgrade")
+    parser.add_argument(
+        "--table", default=None, help="the records table (default: onceonly_records)"
+    )
+
+
+def _run_migrate(args: argparse.Namespace) -> int:
+    from onceonly._core.urls import redact_url
+    from onceonly.open import open_store
+
+    options = {} if args.table is None else {"table": args.table}
+    store = open_store(args.url, **options)
+    try:
+        store.migrate()
+    finally:
+        store.close()
+    sys.stdout.write(f"migrated: {redact_url(args.url)}\n")
+    return 0
+
+
 COMMANDS: tuple[Command, ...] = (
+    Command(
+        name="migrate",
+        help="create or upgrade the store's tables (safe to repeat)",
+        description=(
+            "Create the records and outbox tables, or upgrade them to this version's"
+            " schema; safe to repeat and to run from several hosts at once. The same as"
+            " store.migrate(). A SQLite file that does not exist is created."
+        ),
+        configure=_configure_migrate,
+        run=_run_migrate,
+    ),
     Command(
         name="demo",
         help="show duplicate charges under at-least-once delivery, with and without onceonly",

@@ -62,6 +62,13 @@ class OutboxRow:
     last_error: str | None
 
 
+def _execute(session: Session, statement: str, params: Any = None) -> Any:
+    """Run one of the outbox's own statements, its driver errors translated (a missing
+    table: NotMigrated; transient: StoreUnavailable; others: StoreError)."""
+    with store_errors():
+        return session.execute(statement, params)
+
+
 def row_message(row: Any) -> OutboxMessage:
     """An :class:`OutboxMessage` from a ``seq, id, topic, key, payload, headers,
     attempts, created_at`` row."""
@@ -197,10 +204,9 @@ class Outbox:
         """Rows in ``state`` (``pending`` or ``dead``), oldest first."""
         if state not in ("pending", "dead"):
             raise ConfigurationError(f"unknown outbox state {state!r}")
-        with store_errors():
-            with self.store.session() as session:
-                cur = session.execute(self.sql.list_rows(), (state, limit))
-                found = cur.fetchall()
+        with self.store.session() as session:
+            cur = _execute(session, self.sql.list_rows(), (state, limit))
+            found = cur.fetchall()
         return [OutboxRow(row_message(r), r[8]) for r in found]
 
     def redrive(self, message_id: str | None = None) -> int:
@@ -209,21 +215,19 @@ class Outbox:
         Returns:
             How many rows were redriven.
         """
-        with store_errors():
-            with self.store.transaction() as session:
-                if message_id is None:
-                    cur = session.execute(self.sql.redrive(all_dead=True))
-                else:
-                    cur = session.execute(self.sql.redrive(all_dead=False), (message_id,))
-                count = int(cur.rowcount)
+        with self.store.transaction() as session:
+            if message_id is None:
+                cur = _execute(session, self.sql.redrive(all_dead=True))
+            else:
+                cur = _execute(session, self.sql.redrive(all_dead=False), (message_id,))
+            count = int(cur.rowcount)
         return count
 
     def counts(self) -> dict[str, int]:
         """How many rows are pending and dead."""
-        with store_errors():
-            with self.store.session() as session:
-                cur = session.execute(self.sql.counts())
-                found = cur.fetchall()
+        with self.store.session() as session:
+            cur = _execute(session, self.sql.counts())
+            found = cur.fetchall()
         out = {"pending": 0, "dead": 0}
         out.update({str(state): int(n) for state, n in found})
         return out

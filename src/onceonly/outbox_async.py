@@ -61,6 +61,13 @@ class OutboxRow:
     last_error: str | None
 
 
+async def _execute(session: AsyncSession, statement: str, params: Any = None) -> Any:
+    """Run one of the outbox's own statements, its driver errors translated (a missing
+    table: NotMigrated; transient: StoreUnavailable; others: StoreError)."""
+    with store_errors():
+        return await session.execute(statement, params)
+
+
 def row_message(row: Any) -> OutboxMessage:
     """An :class:`OutboxMessage` from a ``seq, id, topic, key, payload, headers,
     attempts, created_at`` row."""
@@ -196,10 +203,9 @@ class AsyncOutbox:
         """Rows in ``state`` (``pending`` or ``dead``), oldest first."""
         if state not in ("pending", "dead"):
             raise ConfigurationError(f"unknown outbox state {state!r}")
-        with store_errors():
-            async with self.store.session() as session:
-                cur = await session.execute(self.sql.list_rows(), (state, limit))
-                found = await cur.fetchall()
+        async with self.store.session() as session:
+            cur = await _execute(session, self.sql.list_rows(), (state, limit))
+            found = await cur.fetchall()
         return [OutboxRow(row_message(r), r[8]) for r in found]
 
     async def redrive(self, message_id: str | None = None) -> int:
@@ -208,21 +214,19 @@ class AsyncOutbox:
         Returns:
             How many rows were redriven.
         """
-        with store_errors():
-            async with self.store.transaction() as session:
-                if message_id is None:
-                    cur = await session.execute(self.sql.redrive(all_dead=True))
-                else:
-                    cur = await session.execute(self.sql.redrive(all_dead=False), (message_id,))
-                count = int(cur.rowcount)
+        async with self.store.transaction() as session:
+            if message_id is None:
+                cur = await _execute(session, self.sql.redrive(all_dead=True))
+            else:
+                cur = await _execute(session, self.sql.redrive(all_dead=False), (message_id,))
+            count = int(cur.rowcount)
         return count
 
     async def counts(self) -> dict[str, int]:
         """How many rows are pending and dead."""
-        with store_errors():
-            async with self.store.session() as session:
-                cur = await session.execute(self.sql.counts())
-                found = await cur.fetchall()
+        async with self.store.session() as session:
+            cur = await _execute(session, self.sql.counts())
+            found = await cur.fetchall()
         out = {"pending": 0, "dead": 0}
         out.update({str(state): int(n) for state, n in found})
         return out

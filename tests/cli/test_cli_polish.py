@@ -128,3 +128,15 @@ def test_logging_flags_work_before_and_after_the_command(flag: list[str], tmp_pa
         proc = onceonly(*args)
         assert "unrecognized arguments" not in proc.stderr, proc.stderr
         assert proc.returncode == 2  # not migrated: the flags parsed, the command ran
+
+
+def test_migrate_command_creates_the_tables(tmp_path: Path) -> None:
+    """``onceonly migrate`` makes a store usable (what NotMigrated's hint points to)."""
+    db = tmp_path / "new.db"
+    assert onceonly("outbox", "--url", f"sqlite:///{db}", "--create", "counts").returncode == 2
+    proc = onceonly("migrate", "--url", f"sqlite:///{db}")
+    assert proc.returncode == 0 and proc.stdout.startswith("migrated: "), proc
+    again = onceonly("migrate", "--url", f"sqlite:///{db}")
+    assert again.returncode == 0  # safe to repeat
+    counts = onceonly("outbox", "--url", f"sqlite:///{db}", "counts")
+    assert counts.returncode == 0 and '"dead": 0' in counts.stdout, counts
