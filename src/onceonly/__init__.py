@@ -10,6 +10,7 @@ import logging as _logging
 
 from onceonly.decorator import idempotent
 from onceonly.errors import (
+    BrokerUnavailable,
     ConfigurationError,
     CorruptRecord,
     DeadLettered,
@@ -55,6 +56,7 @@ __all__ = [
     "AsyncPublisher",
     "AsyncRelay",
     "AsyncTx",
+    "BrokerUnavailable",
     "Claim",
     "ConfigurationError",
     "CorruptRecord",

@@ -143,6 +143,20 @@ class OutboxSQL:
             " WHERE seq = ? AND lock_token = ?"
         )
 
+    def postpone(self) -> str:
+        """A publish that failed because the broker was unreachable: no attempt counted,
+        the row waits ``delay`` seconds. (error, delay seconds, seq[, token])."""
+        t = self.table
+        if self.dialect == "postgresql":
+            return (
+                f"UPDATE {t} SET last_error = ?,"
+                " available_at = clock_timestamp() + make_interval(secs => ?) WHERE seq = ?"
+            )
+        return (
+            f"UPDATE {t} SET last_error = ?, available_at = {SQLITE_NOW} + ?,"
+            " locked_until = NULL, lock_token = NULL WHERE seq = ? AND lock_token = ?"
+        )
+
     def list_rows(self) -> str:
         """Rows in a state: (state, limit)."""
         created = (

@@ -22,7 +22,12 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from onceonly.errors import ConfigurationError, OnceOnlyError, StoreUnavailable
+from onceonly.errors import (
+    BrokerUnavailable,
+    ConfigurationError,
+    OnceOnlyError,
+    StoreUnavailable,
+)
 
 __all__ = ["COMMANDS", "EXIT_STATUSES", "Command", "CommandError", "build_parser", "main"]
 
@@ -252,15 +257,15 @@ def _setup_logging(args: argparse.Namespace) -> None:
 
 def _hint(exc: BaseException) -> str | None:
     """What to do next: the first line of the error class's docstring."""
-    doc = type(exc).__doc__ or ""
-    first = doc.strip().splitlines()[0].strip() if doc.strip() else ""
+    doc = (type(exc).__doc__ or "").strip()
+    first = " ".join(doc.split("\n\n", 1)[0].split())  # the summary paragraph
     return first or None
 
 
 def _status(exc: BaseException) -> int:
     if isinstance(exc, (ConfigurationError, CommandError)):
         return 2
-    if isinstance(exc, StoreUnavailable):
+    if isinstance(exc, (StoreUnavailable, BrokerUnavailable)):
         return 3
     return 1
 

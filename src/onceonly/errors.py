@@ -16,7 +16,8 @@ The tree is organised by what the caller does next::
     ├── DeadLettered                         max_attempts reached: dead-letter it
     ├── LeaseLost                            your claim was taken over: discard your result
     ├── ReplayedError                        a cached error whose class could not be rebuilt
-    ├── PublishError                         the broker did not confirm a message
+    ├── PublishError                         the broker refused a message (permanent)
+    │   └── BrokerUnavailable                transient: unreachable, connection lost, timeout
     ├── TransactionError                     the handler broke the inbox's transaction: fix it
     │   ├── TransactionEnded                 it committed or rolled back tx.connection itself
     │   └── TransactionAborted               a statement failed and the handler went on
@@ -31,6 +32,7 @@ A duplicate that replays is *not* an error: it is an ``Outcome`` with
 from __future__ import annotations
 
 __all__ = [
+    "BrokerUnavailable",
     "ConfigurationError",
     "CorruptRecord",
     "DeadLettered",
@@ -199,12 +201,26 @@ class ReplayedError(OnceOnlyError):
 
 
 class PublishError(OnceOnlyError):
-    """A broker refused, failed to route, or did not confirm a published message.
+    """A broker refused or could not route a published message (no queue or stream takes
+    it, the payload is too large, a nack).
 
-    The relay keeps the outbox row and retries it with backoff.
+    Permanent for this message: the relay retries it with backoff and counts each
+    failure; after ``max_attempts`` the row is ``dead``, kept for an operator to fix the
+    cause and redrive it. The transient kind is :class:`BrokerUnavailable`.
     """
 
     status_hint = 502
+
+
+class BrokerUnavailable(PublishError):
+    """The broker could not be reached, dropped the connection, or did not answer in time.
+
+    Transient: the message was not refused. The relay postpones the row with backoff and
+    never counts this against ``max_attempts``, however long the outage; at start-up it
+    means the broker URL, credentials or host are wrong or the broker is down.
+
+    .. versionadded:: 0.2
+    """
 
 
 class TransactionError(OnceOnlyError):

@@ -44,6 +44,7 @@ from typing import Any
 from onceonly import _acompat
 from onceonly._core.backoff import backoff_delay
 from onceonly._core.codec import error_summary
+from onceonly._core.publishing import is_transient
 from onceonly._outbox_errors import store_errors as _store_errors
 from onceonly.errors import StoreUnavailable
 from onceonly.messaging import AsyncPublisher, OutboxMessage
@@ -77,6 +78,8 @@ class RelayStats:
     failed: int = 0
     dead: int = 0
     batches: int = 0
+    #: publishes that failed because the broker was unreachable (not counted as attempts)
+    postponed: int = 0
 
     def add(self, other: RelayStats) -> None:
         """Add ``other``'s counts to these."""
@@ -84,6 +87,7 @@ class RelayStats:
         self.failed += other.failed
         self.dead += other.dead
         self.batches += other.batches
+        self.postponed += other.postponed
 
 
 class AsyncRelay:
@@ -151,6 +155,9 @@ class AsyncRelay:
         self._random = random.Random()
         # ids of rows published whose delete has not committed (oldest first)
         self._unsettled: dict[str, None] = {}
+        # the current broker outage: batches with transient failures, and since when
+        self._outage = 0
+        self._outage_since = 0.0
 
     # -- one batch
     async def run_once(self) -> RelayStats:
@@ -217,9 +224,25 @@ class AsyncRelay:
         token: int | None,
     ) -> RelayStats:
         stats = RelayStats(batches=1)
+        outage = self._broker_outage(results)
         for row, err in zip(rows, results, strict=True):
             if err is None:
                 stats.published += 1
+                continue
+            if is_transient(err):
+                # the broker was unreachable: the message was not refused, so no attempt
+                # is counted however long the outage lasts; the row waits and is retried
+                wait = backoff_delay(
+                    outage,
+                    base=self.backoff_base,
+                    cap=self.backoff_cap,
+                    jitter=self._random.random(),
+                )
+                later: tuple[Any, ...] = (error_summary(err), wait, int(row[0]))
+                if token is not None:
+                    later = (*later, token)
+                await session.execute(self.sql.postpone(), later)
+                stats.postponed += 1
                 continue
             attempts = int(row[6]) + 1
             delay = backoff_delay(
@@ -234,17 +257,50 @@ class AsyncRelay:
             await session.execute(self.sql.fail(), params)
             if attempts >= self.max_attempts:
                 stats.dead += 1
-                log.error("outbox %s is dead after %d attempts: %s", row[1], attempts, err)
+                log.error(
+                    "outbox %s (topic %s) is dead after %d attempts: %s",
+                    row[1],
+                    row[2],
+                    attempts,
+                    err,
+                )
             else:
                 stats.failed += 1
                 log.warning(
-                    "outbox %s publish failed (attempt %d, retry in %.2fs): %s",
+                    "outbox %s (topic %s) publish refused (attempt %d of %d, retry in %.2fs): %s",
                     row[1],
+                    row[2],
                     attempts,
+                    self.max_attempts,
                     delay,
                     err,
                 )
         return stats
+
+    def _broker_outage(self, results: list[BaseException | None]) -> int:
+        """Track broker outages across batches: one warning when one begins, one info line
+        when a publish succeeds again. Returns the outage's length in batches (0: none)."""
+        transient = [e for e in results if e is not None and is_transient(e)]
+        if any(e is None for e in results) and self._outage:
+            log.info(
+                "outbox relay: the broker is back after %.1fs (%d batches postponed)",
+                _acompat.monotonic() - self._outage_since,
+                self._outage,
+            )
+            self._outage = 0
+        if not transient:
+            return self._outage
+        self._outage += 1
+        if self._outage == 1:
+            self._outage_since = _acompat.monotonic()
+            log.warning(
+                "outbox relay: the broker is unavailable; rows are postponed with backoff"
+                " (not counted as attempts) until it is back: %s",
+                transient[0],
+            )
+        else:
+            log.debug("outbox relay: the broker is still unavailable: %s", transient[0])
+        return self._outage
 
     async def _publish_all(self, messages: list[OutboxMessage]) -> list[BaseException | None]:
         """Publish the batch; per message, None or the error. Ordered rows are already
@@ -292,7 +348,14 @@ class AsyncRelay:
 
         Raises:
             StoreError: a database error that retrying cannot cure (e.g. a missing table).
+            PublishError: at start-up, the publisher could not connect
+                (:class:`~onceonly.BrokerUnavailable`: wrong host, credentials, or the
+                broker is down) or its destination does not exist; checked only when the
+                publisher has a ``connect()`` method, as onceonly's publishers do.
         """
+        connect = getattr(self.publisher, "connect", None)
+        if connect is not None:
+            await connect()
         self._stopping = False
         listener: Any = None
         failures = 0  # consecutive database failures: the current outage

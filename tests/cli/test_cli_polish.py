@@ -140,3 +140,33 @@ def test_migrate_command_creates_the_tables(tmp_path: Path) -> None:
     assert again.returncode == 0  # safe to repeat
     counts = onceonly("outbox", "--url", f"sqlite:///{db}", "counts")
     assert counts.returncode == 0 and '"dead": 0' in counts.stdout, counts
+
+
+@pytest.mark.parametrize(
+    "broker",
+    [
+        f"amqp://guest:{SECRET}@127.0.0.1:5672/",  # RabbitMQ refuses the login
+        "amqp://guest:guest@127.0.0.1:5672/onceonly_no_such_vhost",
+        "nats://nonexistent.invalid:4222",
+    ],
+)
+def test_relay_exits_at_start_when_the_broker_refuses_or_is_unknown(
+    broker: str, tmp_path: Path
+) -> None:
+    """Wrong credentials, vhost or host: exit 3 with one error line, no password shown."""
+    import socket
+
+    from tests.conftest import unavailable
+
+    try:
+        socket.create_connection(("127.0.0.1", 5672), 2).close()
+    except OSError:
+        unavailable("RabbitMQ on 127.0.0.1:5672")
+    proc = onceonly(
+        "relay", "--url", f"sqlite:///{tmp_path / 'x.db'}", "--create", "--broker", broker
+    )
+    assert proc.returncode == 3, proc
+    errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1, proc.stderr
+    assert "hint (BrokerUnavailable)" in proc.stderr
+    assert SECRET not in proc.stderr + proc.stdout

@@ -77,7 +77,7 @@ from onceonly.brokers._consumer import (
     decode_body,
     unexpected,
 )
-from onceonly.errors import ConfigurationError, PublishError
+from onceonly.errors import BrokerUnavailable, ConfigurationError, PublishError
 from onceonly.inbox_async import AsyncInbox
 from onceonly.messaging import (
     HEADER_ATTEMPTS,
@@ -216,7 +216,7 @@ class NatsPublisher:
                 try:
                     conn = await _connect(self.url, self.connect_options, self.timeout)
                 except _TRANSPORT_ERRORS as exc:
-                    raise PublishError(
+                    raise BrokerUnavailable(
                         f"cannot connect to NATS at {redact_url(self.url)}: {exc!r}", key=message_id
                     ) from exc
                 self._connection = conn
@@ -224,6 +224,27 @@ class NatsPublisher:
             if self._js is None:
                 self._js = conn.jetstream(timeout=self.timeout)
             return self._js
+
+    async def connect(self) -> None:
+        """Connect now (a relay does at start-up: a wrong URL stops it at once).
+
+        Raises:
+            BrokerUnavailable: NATS cannot be reached.
+
+        .. versionadded:: 0.2
+        """
+        await self._ready(None)
+
+    async def _no_stream_for(self, js: JetStreamContext, subject: str) -> bool:
+        """Whether JetStream answers that no stream captures ``subject`` (False when it
+        does not answer at all)."""
+        try:
+            await js.find_stream_name_by_subject(subject)
+        except nats.js.errors.NotFoundError:
+            return True
+        except Exception:
+            return False
+        return False
 
     async def publish(self, message: OutboxMessage) -> None:
         """Publish ``message`` with ``message.id`` as ``Nats-Msg-Id``; return once stored.
@@ -233,8 +254,10 @@ class NatsPublisher:
                 ``onceonly-key`` when ``message.key`` is set.
 
         Raises:
-            PublishError: no stream captures the subject, JetStream refused it, no
-                PubAck within ``timeout``, or the connection failed.
+            PublishError: no stream captures the subject, JetStream refused it, or it is
+                larger than the server's ``max_payload``.
+            BrokerUnavailable: no PubAck within ``timeout``, or the connection failed
+                (transient).
         """
         js = await self._ready(message.id)
         subject = self.subject_for(message.topic)
@@ -248,15 +271,26 @@ class NatsPublisher:
                 subject, message.body, timeout=self.timeout, stream=self.stream, headers=headers
             )
         except nats.js.errors.NoStreamResponseError as exc:
-            raise PublishError(
-                f"no JetStream stream captures subject {subject!r}", key=message.id
+            # no stream answered: none captures the subject (permanent), or JetStream is
+            # not up yet (a restarting server: transient); ask which
+            if await self._no_stream_for(js, subject):
+                raise PublishError(
+                    f"no JetStream stream captures subject {subject!r}", key=message.id
+                ) from exc
+            raise BrokerUnavailable(
+                f"JetStream did not answer for {subject!r} (not ready?)", key=message.id
             ) from exc
         except nats.js.errors.APIError as exc:
             raise PublishError(
                 f"JetStream refused the message on {subject!r}: {exc}", key=message.id
             ) from exc
-        except _TRANSPORT_ERRORS as exc:
+        except nats.errors.MaxPayloadError as exc:
             raise PublishError(
+                f"the message on {subject!r} is larger than the server's max_payload",
+                key=message.id,
+            ) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise BrokerUnavailable(
                 f"the message on {subject!r} was not confirmed: {exc!r}", key=message.id
             ) from exc
         log.debug(

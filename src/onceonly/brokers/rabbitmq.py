@@ -79,7 +79,7 @@ from onceonly.brokers._consumer import (
     pause,
     unexpected,
 )
-from onceonly.errors import ConfigurationError, PublishError
+from onceonly.errors import BrokerUnavailable, ConfigurationError, PublishError
 from onceonly.inbox_async import AsyncInbox
 from onceonly.messaging import (
     HEADER_ATTEMPTS,
@@ -113,9 +113,23 @@ def _translate(message_id: str | None, where: str) -> Iterator[None]:
     except aiormq.exceptions.ChannelNotFoundEntity as exc:
         raise PublishError(f"{where}: not found ({exc})", key=message_id) from exc
     except (TimeoutError, asyncio.TimeoutError) as exc:  # distinct classes on 3.10
-        raise PublishError(f"{where} did not confirm in time", key=message_id) from exc
-    except (aiormq.exceptions.AMQPError, ConnectionError, OSError, RuntimeError) as exc:
-        raise PublishError(f"connection to the broker failed: {exc!r}", key=message_id) from exc
+        raise BrokerUnavailable(f"{where} did not confirm in time", key=message_id) from exc
+    except (
+        aiormq.exceptions.AMQPConnectionError,
+        aiormq.exceptions.ChannelInvalidStateError,
+        aiormq.exceptions.InvalidFrameError,  # e.g. the server closed the login (vhost)
+        ConnectionError,
+        OSError,
+        RuntimeError,
+    ) as exc:
+        # the broker is unreachable or the connection went away: transient
+        raise BrokerUnavailable(
+            f"connection to the broker failed: {exc!r}", key=message_id
+        ) from exc
+    except aiormq.exceptions.AMQPError as exc:  # a channel-level refusal of this message
+        raise PublishError(
+            f"the broker refused the message on {where}: {exc!r}", key=message_id
+        ) from exc
 
 
 async def _publish_confirmed(
@@ -205,6 +219,18 @@ class RabbitMQPublisher:
             self._channel, self._exchange = channel, exchange
             return exchange
 
+    async def connect(self) -> None:
+        """Connect now (a relay does at start-up, so bad credentials or an unknown host
+        stop it at once instead of failing every row later).
+
+        Raises:
+            BrokerUnavailable: the broker cannot be reached or refused the login.
+            PublishError: the named exchange does not exist.
+
+        .. versionadded:: 0.2
+        """
+        await self._ready()
+
     async def publish(self, message: OutboxMessage) -> None:
         """Publish ``message`` with ``message.id`` as its AMQP ``message_id``.
 
@@ -212,7 +238,9 @@ class RabbitMQPublisher:
 
         Raises:
             PublishError: refused (nack), unroutable (no queue bound), the exchange is
-                missing, no confirmation within ``timeout``, or the connection failed.
+                missing.
+            BrokerUnavailable: no confirmation within ``timeout``, or the connection
+                failed (transient).
         """
         headers: dict[str, Any] = dict(message.headers)
         if message.key:

@@ -82,7 +82,7 @@ from onceonly.brokers._consumer import (
     decode_body,
     unexpected,
 )
-from onceonly.errors import ConfigurationError, PublishError
+from onceonly.errors import BrokerUnavailable, ConfigurationError, PublishError
 from onceonly.inbox_async import AsyncInbox
 from onceonly.messaging import (
     HEADER_ATTEMPTS,
@@ -168,6 +168,16 @@ def _message_id(value: Any) -> str:
     return text
 
 
+#: Error replies that say Redis cannot take writes right now, not that it refuses this
+#: entry (loading a dataset, out of memory, a read-only replica, a busy script, cluster
+#: resharding or failover).
+_TRANSIENT_REPLIES = ("LOADING", "OOM", "READONLY", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
+
+
+def _transient_reply(exc: ResponseError) -> bool:
+    return str(exc).split(" ", 1)[0].upper() in _TRANSIENT_REPLIES
+
+
 def _client(url: str | None, connection: redis.asyncio.Redis | None, options: Any) -> Any:
     if (url is None) == (connection is None):
         raise ConfigurationError("pass exactly one of url= or connection=")
@@ -245,12 +255,27 @@ class RedisStreamsPublisher:
         """The stream key ``topic`` maps to."""
         return f"{self.stream_prefix}{topic}"
 
+    async def connect(self) -> None:
+        """Check Redis answers now (a relay does at start-up: a wrong URL or password
+        stops it at once).
+
+        Raises:
+            BrokerUnavailable: Redis cannot be reached or refused the login.
+
+        .. versionadded:: 0.2
+        """
+        try:
+            await asyncio.wait_for(self._client.ping(), self.timeout)
+        except (RedisError, OSError, asyncio.TimeoutError, TimeoutError) as exc:
+            raise BrokerUnavailable(f"cannot reach Redis: {exc!r}") from exc
+
     async def publish(self, message: OutboxMessage) -> None:
         """XADD ``message`` to its stream and return once Redis replied with the entry id.
 
         Raises:
-            PublishError: the key is not a stream, Redis refused the entry, did not
-                reply within ``timeout``, or the connection failed.
+            PublishError: the key is not a stream, or Redis refused the entry.
+            BrokerUnavailable: no reply within ``timeout``, the connection failed, or
+                Redis is loading, out of memory, read-only or down (transient).
         """
         stream = self.stream_for(message.topic)
         if self._closed:
@@ -265,15 +290,16 @@ class RedisStreamsPublisher:
                 self.timeout,
             )
         except ResponseError as exc:
-            raise PublishError(
+            kind = BrokerUnavailable if _transient_reply(exc) else PublishError
+            raise kind(
                 f"Redis refused the entry on stream {stream!r}: {exc}", key=message.id
             ) from exc
         except (asyncio.TimeoutError, TimeoutError) as exc:
-            raise PublishError(
+            raise BrokerUnavailable(
                 f"stream {stream!r} did not confirm within {self.timeout}s", key=message.id
             ) from exc
         except (RedisError, OSError) as exc:
-            raise PublishError(f"connection to Redis failed: {exc!r}", key=message.id) from exc
+            raise BrokerUnavailable(f"connection to Redis failed: {exc!r}", key=message.id) from exc
         if not entry_id:
             raise PublishError(f"stream {stream!r} did not confirm the entry", key=message.id)
         log.debug("%s: published to %s as %s", message.id, stream, _text(entry_id))
