@@ -20,9 +20,18 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from onceonly._core.admin import PurgeRule, Query, ScopeStats
 from onceonly._core.state import Expect, Record, Write
 
-__all__ = ["AsyncSession", "AsyncStore", "Session", "Snapshot", "Store", "TxHealth"]
+__all__ = [
+    "AdminStore",
+    "AsyncSession",
+    "AsyncStore",
+    "Session",
+    "Snapshot",
+    "Store",
+    "TxHealth",
+]
 
 Params = Sequence[Any] | None
 
@@ -161,3 +170,35 @@ class AsyncStore(Protocol):
     def session(self) -> AbstractAsyncContextManager[AsyncSession]: ...
 
     async def close(self) -> None: ...
+
+
+class AdminStore(Protocol):
+    """Operator access to a store's records, beside the claim path (``onceonly.admin``).
+
+    A store offers it through ``store.admin()``. Reads and deletes only: every fenced
+    write (reap, redrive) goes through the store's own ``Session.update``, with the
+    :class:`~onceonly._core.state.Expect` of the version it was decided from. Every
+    operation is bounded (``limit``) and holds no lock beyond one short statement.
+
+    .. versionadded:: 0.2
+    """
+
+    def scan(self, query: Query) -> tuple[list[Record], float]:
+        """Records matching ``query`` in ``(scope, key)`` order, and the store's now."""
+
+    def count_purgeable(self, rule: PurgeRule) -> int:
+        """How many records :meth:`purge_batch` would delete now (for a dry run)."""
+
+    def purge_batch(self, rule: PurgeRule, limit: int) -> int:
+        """Delete at most ``limit`` records qualifying under ``rule`` in one short
+        transaction, re-checking the rule on each row as it is deleted and skipping
+        rows another transaction holds; the number deleted."""
+
+    def delete(self, scope: str, key: str, expect: Expect) -> bool:
+        """Delete the record if it is still the version ``expect`` (token and state)."""
+
+    def stats(self, scope: str | None = None) -> tuple[list[ScopeStats], float]:
+        """Per-scope counts (see :class:`~onceonly._core.admin.ScopeStats`) and now."""
+
+    def sizes(self) -> dict[str, int]:
+        """Bytes on disk by part (``table``, ``indexes``); empty when not known."""
