@@ -14,20 +14,23 @@ from onceonly._core.state import State
 __all__ = ["purge_predicates", "query_predicate", "stats_from_rows"]
 
 
-def purge_predicates(rule: PurgeRule, cutoff: Any) -> list[tuple[str, list[Any]]]:
+def purge_predicates(rule: PurgeRule, cutoff: Any) -> list[tuple[str, list[Any], str]]:
     """The ``WHERE`` clauses of a purge, one per pass
     (:func:`onceonly._core.admin.purge_qualifies`).
 
     ``cutoff`` is the store's now minus ``rule.older_than``, in the store's
     representation. The first pass (completed past expiry) is a range of the expiry
     index; the second (failed and dead, only with ``include_dead``) is kept apart so an
-    ``OR`` never turns the first into a full scan.
+    ``OR`` never turns the first into a full scan. Each part is ``(where, params,
+    order)``: ordering a batch by ``order`` (oldest first) keeps the planner on the
+    expiry index even when most rows qualify or dead tuples crowd the table.
     """
     scope = " AND scope = ?" if rule.scope is not None else ""
     extra: list[Any] = [rule.scope] if rule.scope is not None else []
-    parts = [(f"expires_at <= ? AND state = 'completed'{scope}", [cutoff, *extra])]
+    parts = [(f"expires_at <= ? AND state = 'completed'{scope}", [cutoff, *extra], "expires_at")]
     if rule.include_dead:
-        parts.append((f"state IN ('failed', 'dead') AND updated_at <= ?{scope}", [cutoff, *extra]))
+        where = f"state IN ('failed', 'dead') AND updated_at <= ?{scope}"
+        parts.append((where, [cutoff, *extra], "updated_at"))
     return parts
 
 

@@ -73,19 +73,19 @@ class PostgresAdmin:
         _, cutoff, _ = self._clock(rule.older_than)
         return sum(
             int(self._run(f"SELECT count(*) FROM {self._t} WHERE {where}", params)[0][0])
-            for where, params in purge_predicates(rule, cutoff)
+            for where, params, _ in purge_predicates(rule, cutoff)
         )
 
     def purge_batch(self, rule: PurgeRule, limit: int) -> int:
         _, cutoff, _ = self._clock(rule.older_than)
         t = self._t
         deleted = 0
-        for where, params in purge_predicates(rule, cutoff):
+        for where, params, order in purge_predicates(rule, cutoff):
             if deleted >= limit:
                 break
             rows = self._run(
                 f"DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t} WHERE {where}"
-                f" LIMIT ? FOR UPDATE SKIP LOCKED)) AND {where} RETURNING 1",
+                f" ORDER BY {order} LIMIT ? FOR UPDATE SKIP LOCKED)) AND {where} RETURNING 1",
                 [*params, limit - deleted, *params],
             )
             deleted += len(rows)

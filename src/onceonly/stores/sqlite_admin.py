@@ -51,13 +51,13 @@ class SQLiteAdmin:
         parts = purge_predicates(rule, self.store.clock() - rule.older_than)
         return sum(
             int(self._run(f"SELECT count(*) FROM {self.table} WHERE {where}", params)[0][0])
-            for where, params in parts
+            for where, params, _ in parts
         )
 
     def purge_batch(self, rule: PurgeRule, limit: int) -> int:
         t = self.table
         deleted = 0
-        for where, params in purge_predicates(rule, self.store.clock() - rule.older_than):
+        for where, params, _ in purge_predicates(rule, self.store.clock() - rule.older_than):
             if deleted >= limit:
                 break
             rows = self._run(
