@@ -8,6 +8,7 @@ effects outside the database. See docs/spec.md for the precise guarantees.
 
 import logging as _logging
 
+from onceonly.admin import Admin
 from onceonly.decorator import idempotent
 from onceonly.errors import (
     ConfigurationError,
@@ -48,6 +49,7 @@ __version__ = "0.1.0"
 _logging.getLogger("onceonly").addHandler(_logging.NullHandler())
 
 __all__ = [
+    "Admin",
     "AsyncClaim",
     "AsyncInbox",
     "AsyncOutbox",

@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: MIT
+"""``onceonly stats``: per-scope counts by state, the oldest in-progress claim,
+expired records not purged yet, and the table's size (spec §8)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from onceonly._core.state import State
+from onceonly.admin import Admin, StatsReport
+
+__all__ = ["configure_stats", "run_stats"]
+
+
+def configure_stats(parser: argparse.ArgumentParser) -> None:
+    """Add the ``stats`` options to ``parser``."""
+    parser.add_argument("--url", required=True, help="the store URL (sqlite:///…, postgresql://…)")
+    parser.add_argument("--table", help="the records table (default: onceonly_records)")
+    parser.add_argument("--scope", help="only this scope")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def stats_json(report: StatsReport) -> dict[str, Any]:
+    """The report as a JSON object."""
+    return {
+        "scopes": {
+            s.scope: {
+                **{state.value: s.counts.get(state, 0) for state in State},
+                "expired": s.expired,
+                "oldest_in_progress_seconds": s.oldest_in_progress,
+            }
+            for s in report.scopes
+        },
+        "sizes": report.sizes,
+    }
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    """Run ``onceonly stats``; returns the exit status."""
+    from onceonly.open import open_store
+
+    store = open_store(args.url, **({"table": args.table} if args.table else {}))
+    try:
+        report = Admin(store).stats(scope=args.scope)
+    finally:
+        store.close()
+    out = sys.stdout
+    if args.json:
+        out.write(json.dumps(stats_json(report)) + "\n")
+        return 0
+    states = [s.value for s in State]
+    out.write("\t".join(["scope", *states, "expired", "oldest_in_progress"]) + "\n")
+    for s in report.scopes:
+        oldest = "-" if s.oldest_in_progress is None else f"{s.oldest_in_progress:.0f}s"
+        counts = [str(s.counts.get(State(v), 0)) for v in states]
+        out.write("\t".join([s.scope, *counts, str(s.expired), oldest]) + "\n")
+    for part, size in report.sizes.items():
+        out.write(f"{part} size: {size} bytes\n")
+    return 0
