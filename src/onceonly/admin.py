@@ -12,18 +12,38 @@ renews, completes or fails a record concurrently always wins over the operator.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceonly._core.admin import PurgeRule, Query, ScopeStats, reap_decision, redrive_decision
+from onceonly._core.admin import (
+    BUCKET_SECONDS,
+    PurgeRule,
+    Query,
+    ScopeStats,
+    reap_decision,
+    redrive_decision,
+)
 from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError, InFlight
+from onceonly.events import Event, EventKind
 from onceonly.outcome import new_token
 from onceonly.types import AdminStore, Store
 
-__all__ = ["Admin", "PurgeReport", "ReapReport", "StatsReport", "admin_store"]
+__all__ = [
+    "Admin",
+    "DuplicateCounter",
+    "PurgeReport",
+    "ReapReport",
+    "StatsReport",
+    "admin_store",
+]
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int], None]
 
@@ -298,9 +318,26 @@ class Admin:
         return self.records.delete(scope, key, expect)
 
     # -- stats
-    def stats(self, *, scope: str | None = None) -> StatsReport:
-        """Counts by state, the oldest in-progress age and expired rows, per scope."""
+    def stats(self, *, scope: str | None = None, window: float = 3600.0) -> StatsReport:
+        """Counts by state, the oldest in-progress age and expired rows, per scope, with
+        the claims and replays a :class:`DuplicateCounter` counted over ``window``
+        seconds (its duplicate rate).
+
+        Returns:
+            A :class:`StatsReport`.
+        """
         scopes, now = self.records.stats(scope)
+        counted = self.records.read_counts(time.time() - window)
+        if scope is not None:
+            counted = {k: v for k, v in counted.items() if k == scope}
+        known = {s.scope for s in scopes}
+        scopes += [ScopeStats(name) for name in counted if name not in known]
+        scopes = [
+            dataclasses.replace(s, claims=counted[s.scope][0], replays=counted[s.scope][1])
+            if s.scope in counted
+            else s
+            for s in sorted(scopes, key=lambda s: s.scope)
+        ]
         return StatsReport(scopes, now, self.records.sizes())
 
     # -- helpers
@@ -324,3 +361,53 @@ class Admin:
                 return s.update(record.scope, record.key, expect, write)
         except InFlight:  # a worker's transaction holds it: it wins
             return None
+
+
+class DuplicateCounter:
+    """A listener counting claims and replays per scope for ``onceonly stats``'s
+    duplicate rate, without a write on the delivery path.
+
+    Counts are kept in memory and added to the store's counters once per
+    ``flush_seconds`` (one upsert per scope and minute bucket, by whichever delivery
+    comes due; its errors are logged). Rows are per process and per minute, so no row is
+    hot: a replay never writes. Up to ``flush_seconds`` of counts are lost if the
+    process dies; call :meth:`flush` at shutdown.
+
+    Args:
+        store: a sync store (the counters table sits beside its records table).
+        flush_seconds: how often counts are written.
+
+    .. versionadded:: 0.2
+    """
+
+    def __init__(self, store: Store, *, flush_seconds: float = 60.0) -> None:
+        self.records = admin_store(store)
+        self.flush_seconds = flush_seconds
+        self._pending: dict[tuple[str, int], list[int]] = {}
+        self._lock = threading.Lock()
+        self._due = time.monotonic() + flush_seconds
+
+    def __call__(self, event: Event) -> None:
+        if event.kind not in (EventKind.COMPLETED, EventKind.FAILED, EventKind.REPLAYED):
+            return
+        bucket = int(time.time() // BUCKET_SECONDS * BUCKET_SECONDS)
+        with self._lock:
+            row = self._pending.setdefault((event.scope, bucket), [0, 0])
+            row[0] += 1
+            row[1] += event.kind is EventKind.REPLAYED
+            due = time.monotonic() >= self._due
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the counts held in memory now."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            self._due = time.monotonic() + self.flush_seconds
+        if not pending:
+            return
+        rows = sorted((scope, bucket, c, r) for (scope, bucket), (c, r) in pending.items())
+        try:
+            self.records.add_counts(rows)
+        except Exception:
+            log.exception("could not store delivery counters; %d rows dropped", len(rows))

@@ -11,6 +11,7 @@ from typing import Any
 
 from onceonly._core.state import State
 from onceonly.admin import Admin, StatsReport
+from onceonly.cli_records import parse_duration
 
 __all__ = ["configure_stats", "run_stats"]
 
@@ -20,6 +21,12 @@ def configure_stats(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="the store URL (sqlite:///…, postgresql://…)")
     parser.add_argument("--table", help="the records table (default: onceonly_records)")
     parser.add_argument("--scope", help="only this scope")
+    parser.add_argument(
+        "--window",
+        type=parse_duration,
+        default=3600.0,
+        help="the duplicate rate's window, e.g. 1h or 1d (default: 1h)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -31,6 +38,9 @@ def stats_json(report: StatsReport) -> dict[str, Any]:
                 **{state.value: s.counts.get(state, 0) for state in State},
                 "expired": s.expired,
                 "oldest_in_progress_seconds": s.oldest_in_progress,
+                "claims": s.claims,
+                "replays": s.replays,
+                "duplicate_rate": s.duplicate_rate,
             }
             for s in report.scopes
         },
@@ -44,7 +54,7 @@ def run_stats(args: argparse.Namespace) -> int:
 
     store = open_store(args.url, **({"table": args.table} if args.table else {}))
     try:
-        report = Admin(store).stats(scope=args.scope)
+        report = Admin(store).stats(scope=args.scope, window=args.window)
     finally:
         store.close()
     out = sys.stdout
@@ -52,11 +62,14 @@ def run_stats(args: argparse.Namespace) -> int:
         out.write(json.dumps(stats_json(report)) + "\n")
         return 0
     states = [s.value for s in State]
-    out.write("\t".join(["scope", *states, "expired", "oldest_in_progress"]) + "\n")
+    head = ["scope", *states, "expired", "oldest_in_progress", "claims", "duplicate_rate"]
+    out.write("\t".join(head) + "\n")
     for s in report.scopes:
         oldest = "-" if s.oldest_in_progress is None else f"{s.oldest_in_progress:.0f}s"
         counts = [str(s.counts.get(State(v), 0)) for v in states]
-        out.write("\t".join([s.scope, *counts, str(s.expired), oldest]) + "\n")
+        rate = "-" if s.duplicate_rate is None else f"{s.duplicate_rate:.1%}"
+        row = [s.scope, *counts, str(s.expired), oldest, str(s.claims), rate]
+        out.write("\t".join(row) + "\n")
     for part, size in report.sizes.items():
         out.write(f"{part} size: {size} bytes\n")
     return 0

@@ -202,3 +202,11 @@ class AdminStore(Protocol):
 
     def sizes(self) -> dict[str, int]:
         """Bytes on disk by part (``table``, ``indexes``); empty when not known."""
+
+    def add_counts(self, counts: Sequence[tuple[str, int, int, int]]) -> None:
+        """Add ``(scope, bucket, claims, replays)`` rows to the delivery counters, one
+        upsert per row (``bucket``: its start, epoch seconds)."""
+
+    def read_counts(self, since: float) -> dict[str, tuple[int, int]]:
+        """Claims and replays per scope, summed over buckets starting at or after
+        ``since`` (epoch seconds)."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from onceonly._core.admin import Query
 from onceonly._core.state import Expect, State
 from onceonly.admin import Admin
 from tests.admin._records import keys, put
+from tests.conftest import drop_pg_table
 
 
 def _seed(store: Any) -> None:
@@ -178,3 +180,33 @@ def test_stats(store: Any) -> None:
     assert s.oldest_in_progress is not None and 0 <= s.oldest_in_progress < 60
     assert by["t"].oldest_in_progress is None
     assert [x.scope for x in Admin(store).stats(scope="t").scopes] == ["t"]
+
+
+@pytest.fixture
+def counted_store(store: Any) -> Iterator[Any]:
+    yield store
+    if getattr(store, "dialect", None) == "postgresql":
+        drop_pg_table(f"{store.table}_counts")
+
+
+def test_duplicate_rate_from_flushed_counters(counted_store: Any) -> None:
+    """A DuplicateCounter writes nothing per delivery; after a flush stats show the rate."""
+    import onceonly
+    from onceonly.admin import DuplicateCounter
+
+    store = counted_store
+    counter = DuplicateCounter(store, flush_seconds=3600)
+    inbox = onceonly.Inbox(store, consumer="pay", listeners=[counter])
+    for key in ("a", "b", "c", "a", "b"):
+        inbox.process(key, {"k": key}, lambda m, tx: 1)
+    assert Admin(store).stats(scope="pay").scopes[0].claims == 0  # nothing written yet
+    counter.flush()
+    counter.flush()  # nothing more to add
+    pay = Admin(store).stats(scope="pay").scopes[0]
+    assert (pay.claims, pay.replays, pay.duplicate_rate) == (5, 2, 0.4)
+    eager = DuplicateCounter(store, flush_seconds=0)  # due on every delivery
+    eager_inbox = onceonly.Inbox(store, consumer="mail", listeners=[eager])
+    eager_inbox.process("m", 1, lambda m, tx: 1)
+    eager_inbox.process("m", 1, lambda m, tx: 1)
+    mail = next(s for s in Admin(store).stats().scopes if s.scope == "mail")
+    assert (mail.claims, mail.replays) == (2, 1)

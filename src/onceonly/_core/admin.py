@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from onceonly._core.state import Expect, Record, State, Write, redrive_write
 
 __all__ = [
+    "BUCKET_SECONDS",
     "LAPSED_ERROR",
     "PurgeRule",
     "Query",
@@ -38,6 +39,8 @@ __all__ = [
 ]
 
 LAPSED_ERROR = "lease expired (the worker died or stalled); reaped"
+# Delivery counters are kept per scope per bucket of this many seconds (spec §8.4).
+BUCKET_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -143,12 +146,22 @@ class ScopeStats:
         oldest_in_progress: seconds since the oldest ``in_progress`` record was last
             written (``None``: none in progress).
         expired: completed records past ``expires_at`` not purged yet.
+        claims: deliveries counted in the stats window that ran or replayed (from
+            :class:`onceonly.admin.DuplicateCounter`, when one is installed).
+        replays: those that replayed a stored result.
     """
 
     scope: str
     counts: dict[State, int] = field(default_factory=dict)
     oldest_in_progress: float | None = None
     expired: int = 0
+    claims: int = 0
+    replays: int = 0
+
+    @property
+    def duplicate_rate(self) -> float | None:
+        """``replays / claims`` over the window (``None``: nothing counted)."""
+        return self.replays / self.claims if self.claims else None
 
     @property
     def total(self) -> int:

@@ -186,6 +186,7 @@ class MemoryStore:
         self._records: dict[_Key, Record] = {}
         self._lock = threading.Lock()
         self._key_locks: dict[_Key, threading.Lock] = {}
+        self._counts: dict[tuple[str, int], list[int]] = {}  # delivery counters (admin)
 
     def _key_lock(self, k: _Key) -> threading.Lock:
         with self._lock:

@@ -6,6 +6,7 @@ that ``SKIP LOCKED`` skips."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from onceonly._core.admin import PurgeRule, Query, ScopeStats, purge_qualifies
@@ -92,3 +93,19 @@ class MemoryAdmin:
 
     def sizes(self) -> dict[str, int]:
         return {}
+
+    def add_counts(self, counts: Sequence[tuple[str, int, int, int]]) -> None:
+        with self.store._lock:
+            for scope, bucket, claims, replays in counts:
+                row = self.store._counts.setdefault((scope, bucket), [0, 0])
+                row[0] += claims
+                row[1] += replays
+
+    def read_counts(self, since: float) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        with self.store._lock:
+            for (scope, bucket), (claims, replays) in self.store._counts.items():
+                if bucket >= since:
+                    c, r = out.get(scope, (0, 0))
+                    out[scope] = (c + claims, r + replays)
+        return out

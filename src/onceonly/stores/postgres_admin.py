@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from onceonly._core.admin_sql import purge_predicates, query_predicate, stats_fr
 from onceonly._core.sql import qmark_to_format
 from onceonly._core.state import Expect, Record
 from onceonly.stores._postgres_sql import _RETURNING, _record
+from onceonly.stores.postgres import _MIGRATE_LOCK
 from onceonly.stores.postgres_session import _DriverErrors
 
 if TYPE_CHECKING:
@@ -113,6 +115,40 @@ class PostgresAdmin:
         )
         now = float(rows[0][5]) if rows else self._clock(0.0)[2]
         return stats_from_rows([r[:5] for r in rows], now), now
+
+    def _counters(self) -> str:
+        """The counters table, created on first use (under the migrations' lock)."""
+        name = sql.Identifier(f"{self.table}_counts"[:63]).as_string()
+        if not getattr(self, "_counters_ready", False):
+            connection = self.store._connection(autocommit=True)
+            with _DriverErrors(), connection as conn, conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {name} (scope text NOT NULL,"
+                    " bucket bigint NOT NULL, claims bigint NOT NULL,"
+                    " replays bigint NOT NULL, PRIMARY KEY (scope, bucket))"
+                )
+            self._counters_ready = True
+        return name
+
+    def add_counts(self, counts: Sequence[tuple[str, int, int, int]]) -> None:
+        name = self._counters()
+        statement = (
+            f"INSERT INTO {name} AS c (scope, bucket, claims, replays) VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT (scope, bucket) DO UPDATE SET claims = c.claims + excluded.claims,"
+            " replays = c.replays + excluded.replays"
+        )
+        connection = self.store._connection(autocommit=True)
+        with _DriverErrors(), connection as conn, conn.transaction():
+            conn.cursor().executemany(statement.encode(), list(counts))
+
+    def read_counts(self, since: float) -> dict[str, tuple[int, int]]:
+        rows = self._run(
+            f"SELECT scope, sum(claims), sum(replays) FROM {self._counters()}"
+            " WHERE bucket >= ? GROUP BY scope",
+            [int(since)],
+        )
+        return {r[0]: (int(r[1]), int(r[2])) for r in rows}
 
     def sizes(self) -> dict[str, int]:
         row = self._run(

@@ -10,10 +10,12 @@ the claim path's wait short). The rule is re-checked by the delete's own ``WHERE
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from onceonly._core.admin import PurgeRule, Query, ScopeStats
 from onceonly._core.admin_sql import purge_predicates, query_predicate, stats_from_rows
+from onceonly._core.sql import validate_identifier
 from onceonly._core.state import Expect, Record
 from onceonly.stores.sqlite import _COLUMNS, _errors, _record
 
@@ -88,6 +90,35 @@ class SQLiteAdmin:
             [now, *params],
         )
         return stats_from_rows(rows, now), now
+
+    def _counters(self) -> str:
+        name = validate_identifier(f"{self.table}_counts"[:63])
+        self._run(
+            f"CREATE TABLE IF NOT EXISTS {name} (scope TEXT NOT NULL, bucket INTEGER NOT NULL,"
+            " claims INTEGER NOT NULL, replays INTEGER NOT NULL, PRIMARY KEY (scope, bucket))"
+            " WITHOUT ROWID",
+            [],
+        )
+        return name
+
+    def add_counts(self, counts: Sequence[tuple[str, int, int, int]]) -> None:
+        name = self._counters()
+        with self.store.transaction() as s, _errors():
+            for row in counts:
+                s.connection.execute(
+                    f"INSERT INTO {name} (scope, bucket, claims, replays) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (scope, bucket) DO UPDATE SET claims = claims +"
+                    " excluded.claims, replays = replays + excluded.replays",
+                    row,
+                )
+
+    def read_counts(self, since: float) -> dict[str, tuple[int, int]]:
+        rows = self._run(
+            f"SELECT scope, sum(claims), sum(replays) FROM {self._counters()}"
+            " WHERE bucket >= ? GROUP BY scope",
+            [since],
+        )
+        return {r[0]: (int(r[1]), int(r[2])) for r in rows}
 
     def sizes(self) -> dict[str, int]:
         try:
