@@ -105,6 +105,18 @@ def _run_stats(args: argparse.Namespace) -> int:
     return run_stats(args)
 
 
+def _configure_doctor(parser: argparse.ArgumentParser) -> None:
+    from onceonly.cli_doctor import configure_doctor
+
+    configure_doctor(parser)
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    from onceonly.cli_doctor import run_doctor
+
+    return run_doctor(args)
+
+
 COMMANDS: tuple[Command, ...] = (
     Command(
         name="demo",
@@ -156,6 +168,15 @@ COMMANDS: tuple[Command, ...] = (
         " in-progress claim, expired records not purged yet and the table's size.",
         configure=_configure_stats,
         run=_run_stats,
+    ),
+    Command(
+        name="doctor",
+        help="check schema, clocks, pooling and broker settings; exit 1 on a problem",
+        description="Check the store (schema version, clock skew, transaction pooling) and"
+        " brokers (Redis eviction policy, NATS redelivery horizon against --ttl). Each"
+        " problem says what to do; the exit status is 1 when there is one.",
+        configure=_configure_doctor,
+        run=_run_doctor,
     ),
 )
 

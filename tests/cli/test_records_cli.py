@@ -126,10 +126,10 @@ def test_bad_input_is_a_usage_error(url: str, argv: list[str]) -> None:
 
 
 def test_every_option_has_help() -> None:
-    """Every option of records and stats has help text."""
+    """Every option of records, stats and doctor has help text."""
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    parsers = [sub.choices["stats"]]
+    parsers = [sub.choices["stats"], sub.choices["doctor"]]
     records = sub.choices["records"]
     inner = next(a for a in records._actions if isinstance(a, argparse._SubParsersAction))
     parsers += list(inner.choices.values())
