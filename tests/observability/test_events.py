@@ -217,3 +217,39 @@ def test_extras_are_not_imported_by_the_root() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_idempotent_emits_renewals_completions_and_lease_lost() -> None:
+    """@idempotent: lease renewals while running, completed, replayed, and a lost lease."""
+    from onceonly._core.state import Expect, State, Write
+
+    seen: list[Event] = []
+    store = onceonly.open_store("memory://")
+    renewed = threading.Event()
+
+    def on(event: Event) -> None:
+        seen.append(event)
+        if event.kind is EventKind.LEASE_RENEWED:
+            renewed.set()
+
+    @onceonly.idempotent(store, key=lambda n: f"k{n}", scope="jobs", lease=0.3, listeners=[on])
+    def job(n: int) -> int:
+        if n == 1:
+            assert renewed.wait(10)  # the heartbeat renews every lease / 3
+        if n == 2:  # another worker takes the key over while this run works
+            claim = onceonly.current_claim()
+            with store.session() as s:
+                s.update(
+                    "jobs", "k2", Expect(claim.token, State.IN_PROGRESS),
+                    Write(State.IN_PROGRESS, claim.token + 1, None, 1, lease_seconds=60),
+                )  # fmt: skip
+        return n
+
+    assert job(1) == 1 and job(1) == 1
+    with pytest.raises(onceonly.LeaseLost):
+        job(2)
+    kinds = [e.kind for e in seen if e.kind is not EventKind.LEASE_RENEWED]
+    assert kinds == [EventKind.COMPLETED, EventKind.REPLAYED, EventKind.LEASE_LOST]
+    renewal = next(e for e in seen if e.kind is EventKind.LEASE_RENEWED)
+    assert (renewal.scope, renewal.key, renewal.attempt) == ("jobs", "k1", 1)
+    assert seen[-1].handler_seconds is not None and seen[-1].error == "LeaseLost"
