@@ -210,3 +210,23 @@ def test_duplicate_rate_from_flushed_counters(counted_store: Any) -> None:
     eager_inbox.process("m", 1, lambda m, tx: 1)
     mail = next(s for s in Admin(store).stats().scopes if s.scope == "mail")
     assert (mail.claims, mail.replays) == (2, 1)
+
+
+def test_two_reapers_at_once_count_each_lapse_once(store: Any) -> None:
+    """Two reapers racing over the same lapsed claims reap each exactly once (attempts +1)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    for i in range(60):
+        put(store, "s", f"k{i:02}", State.IN_PROGRESS, lease=-1, attempts=2)
+    barrier = threading.Barrier(2)
+
+    def reap() -> Any:
+        barrier.wait()
+        return Admin(store).reap(batch_size=7, pause=0)
+
+    with ThreadPoolExecutor(2) as pool:
+        reports = [f.result(timeout=60) for f in [pool.submit(reap), pool.submit(reap)]]
+    assert sum(r.reaped for r in reports) == 60
+    records = Admin(store).list_records(limit=100)
+    assert {(r.state, r.attempts) for r in records} == {(State.FAILED, 3)}

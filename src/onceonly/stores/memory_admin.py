@@ -109,3 +109,9 @@ class MemoryAdmin:
                     c, r = out.get(scope, (0, 0))
                     out[scope] = (c + claims, r + replays)
         return out
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import AdminStore
+
+    _contract: type[AdminStore] = MemoryAdmin

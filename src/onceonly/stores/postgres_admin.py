@@ -158,3 +158,9 @@ class PostgresAdmin:
         if row[0] is None:
             return {}
         return {"table": int(row[0]), "indexes": int(row[1])}
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import AdminStore
+
+    _contract: type[AdminStore] = PostgresAdmin

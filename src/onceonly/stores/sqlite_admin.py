@@ -125,3 +125,9 @@ class SQLiteAdmin:
             return {"file": os.path.getsize(self.store.path)}
         except OSError:
             return {}
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import AdminStore
+
+    _contract: type[AdminStore] = SQLiteAdmin
