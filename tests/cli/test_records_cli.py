@@ -149,3 +149,16 @@ def test_records_on_postgres(pg_store_factory: StoreFactory) -> None:
     stats = json.loads(onceonly_cli("stats", "--url", url, "--table", table, "--json").stdout)
     assert stats["sizes"]["table"] > 0 and "indexes" in stats["sizes"]
     assert stats["scopes"]["billing"]["in_progress"] == 1
+
+
+def test_outbox_options_before_or_after_the_action(tmp_path: Path) -> None:
+    """`outbox counts --url U` (the records shape) and `outbox --url U counts` both work."""
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    store = onceonly.open_store(url)
+    store.migrate()
+    store.close()
+    for argv in (["outbox", "counts", "--url", url], ["outbox", "--url", url, "counts"]):
+        done = onceonly_cli(*argv)
+        assert (done.returncode, json.loads(done.stdout)) == (0, {"pending": 0, "dead": 0})
+    missing = onceonly_cli("outbox", "counts")
+    assert missing.returncode == 2 and "--url" in missing.stderr
