@@ -173,11 +173,11 @@ class Admin:
             A :class:`PurgeReport`.
 
         Raises:
-            ValueError: a negative ``older_than`` or a batch size below 1.
+            ConfigurationError: a negative ``older_than`` or a batch size below 1.
             StoreError: the store failed (batches already committed stay deleted).
         """
         if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+            raise ConfigurationError("batch_size must be at least 1")
         rule = PurgeRule(older_than=older_than, include_dead=include_dead, scope=scope)
         started = time.monotonic()
         if dry_run:
@@ -296,7 +296,7 @@ class Admin:
             How many were redriven.
         """
         if state not in (State.DEAD, State.FAILED):
-            raise ValueError("only dead and failed records are redriven")
+            raise ConfigurationError("only dead and failed records are redriven")
         done = 0
         for record in self.iter_records(Query((state,), scope, limit=500)):
             decision = redrive_decision(record, new_token())

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from onceonly._core.state import Expect, Record, State, Write, redrive_write
+from onceonly.errors import ConfigurationError
 
 __all__ = [
     "BUCKET_SECONDS",
@@ -96,7 +97,7 @@ class PurgeRule:
 
     def __post_init__(self) -> None:
         if not self.older_than >= 0:
-            raise ValueError("older_than must be a non-negative number of seconds")
+            raise ConfigurationError("older_than must be a non-negative number of seconds")
 
 
 def purge_qualifies(record: Record, now: float, rule: PurgeRule) -> bool:
