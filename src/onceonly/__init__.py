@@ -9,6 +9,7 @@ effects outside the database. See docs/spec.md for the precise guarantees.
 import logging as _logging
 
 from onceonly.admin import Admin
+from onceonly.admin_async import AsyncAdmin
 from onceonly.decorator import idempotent
 from onceonly.errors import (
     ConfigurationError,
@@ -50,6 +51,7 @@ _logging.getLogger("onceonly").addHandler(_logging.NullHandler())
 
 __all__ = [
     "Admin",
+    "AsyncAdmin",
     "AsyncClaim",
     "AsyncInbox",
     "AsyncOutbox",

@@ -25,6 +25,7 @@ from onceonly._core.state import Expect, Record, Write
 
 __all__ = [
     "AdminStore",
+    "AsyncAdminStore",
     "AsyncSession",
     "AsyncStore",
     "Session",
@@ -210,3 +211,26 @@ class AdminStore(Protocol):
     def read_counts(self, since: float) -> dict[str, tuple[int, int]]:
         """Claims and replays per scope, summed over buckets starting at or after
         ``since`` (epoch seconds)."""
+
+
+class AsyncAdminStore(Protocol):
+    """The methods of :class:`AdminStore`, awaited (for async stores).
+
+    .. versionadded:: 0.2
+    """
+
+    async def scan(self, query: Query) -> tuple[list[Record], float]: ...
+
+    async def count_purgeable(self, rule: PurgeRule) -> int: ...
+
+    async def purge_batch(self, rule: PurgeRule, limit: int) -> int: ...
+
+    async def delete(self, scope: str, key: str, expect: Expect) -> bool: ...
+
+    async def stats(self, scope: str | None = None) -> tuple[list[ScopeStats], float]: ...
+
+    async def sizes(self) -> dict[str, int]: ...
+
+    async def add_counts(self, counts: Sequence[tuple[str, int, int, int]]) -> None: ...
+
+    async def read_counts(self, since: float) -> dict[str, tuple[int, int]]: ...
