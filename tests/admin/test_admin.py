@@ -230,3 +230,15 @@ def test_two_reapers_at_once_count_each_lapse_once(store: Any) -> None:
     assert sum(r.reaped for r in reports) == 60
     records = Admin(store).list_records(limit=100)
     assert {(r.state, r.attempts) for r in records} == {(State.FAILED, 3)}
+
+
+def test_stats_creates_nothing(sql_store: Any) -> None:
+    """Reading stats before any counter flush creates no counters table (read-only users)."""
+    Admin(sql_store).stats()
+    name = f"{sql_store.table}_counts"
+    if sql_store.dialect == "sqlite":
+        query = "SELECT count(*) FROM sqlite_master WHERE name = ?"
+    else:
+        query = "SELECT count(*) FROM pg_class WHERE relname = ?"
+    with sql_store.session() as s:
+        assert s.execute(query, (name,)).fetchone()[0] == 0

@@ -144,8 +144,8 @@ class ScopeStats:
     Attributes:
         scope: the scope.
         counts: records by state (every state present, zero when none).
-        oldest_in_progress: seconds since the oldest ``in_progress`` record was last
-            written (``None``: none in progress).
+        oldest_in_progress: seconds since the oldest ``in_progress`` record's key was
+            first claimed (its ``created_at``, kept across retries; ``None``: none).
         expired: completed records past ``expires_at`` not purged yet.
         claims: deliveries counted in the stats window that ran or replayed (from
             :class:`onceonly.admin.DuplicateCounter`, when one is installed).

@@ -61,7 +61,7 @@ def query_predicate(query: Query, now: Any, older: Any) -> tuple[str, list[Any]]
 
 
 def stats_from_rows(rows: list[tuple[Any, ...]], now: float) -> list[ScopeStats]:
-    """Per-scope stats from rows ``(scope, state, count, oldest updated_at, expired)``
+    """Per-scope stats from rows ``(scope, state, count, oldest created_at, expired)``
     grouped by scope and state, times as epoch seconds."""
     counts: dict[str, dict[State, int]] = {}
     oldest: dict[str, float] = {}

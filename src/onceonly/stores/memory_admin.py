@@ -80,7 +80,7 @@ class MemoryAdmin:
         for name in sorted(by_scope):
             rows = by_scope[name]
             counts = {s: sum(1 for r in rows if r.state is s) for s in State}
-            started = [r.updated_at for r in rows if r.state is State.IN_PROGRESS]
+            started = [r.created_at for r in rows if r.state is State.IN_PROGRESS]
             out.append(
                 ScopeStats(
                     name,

@@ -115,7 +115,7 @@ class AsyncPostgresAdmin:
     async def stats(self, scope: str | None = None) -> tuple[list[ScopeStats], float]:
         where, params = ("scope = ?", [scope]) if scope is not None else ("true", [])
         rows = await self._run(
-            "SELECT scope, state, count(*), date_part('epoch', min(updated_at)),"
+            "SELECT scope, state, count(*), date_part('epoch', min(created_at)),"
             " count(*) FILTER (WHERE state = 'completed' AND expires_at <= n.ts),"
             " date_part('epoch', min(n.ts))"
             f" FROM {self._t}, (SELECT clock_timestamp() AS ts) AS n WHERE {where}"
@@ -156,9 +156,12 @@ class AsyncPostgresAdmin:
             raise _DriverErrors()._translate(exc) from exc
 
     async def read_counts(self, since: float) -> dict[str, tuple[int, int]]:
+        name = sql.Identifier(f"{self.table}_counts"[:63]).as_string()
+        exists = await self._run("SELECT to_regclass(?) IS NOT NULL", [name])
+        if not exists[0][0]:  # no counter ever flushed: nothing to read (and no DDL here)
+            return {}
         rows = await self._run(
-            f"SELECT scope, sum(claims), sum(replays) FROM {await self._counters()}"
-            " WHERE bucket >= ? GROUP BY scope",
+            f"SELECT scope, sum(claims), sum(replays) FROM {name} WHERE bucket >= ? GROUP BY scope",
             [int(since)],
         )
         return {r[0]: (int(r[1]), int(r[2])) for r in rows}

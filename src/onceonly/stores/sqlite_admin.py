@@ -84,7 +84,7 @@ class SQLiteAdmin:
         now = self.store.clock()
         where, params = ("scope = ?", [scope]) if scope is not None else ("1 = 1", [])
         rows = self._run(
-            "SELECT scope, state, count(*), min(updated_at),"
+            "SELECT scope, state, count(*), min(created_at),"
             " sum(CASE WHEN state = 'completed' AND expires_at <= ? THEN 1 ELSE 0 END)"
             f" FROM {self.table} WHERE {where} GROUP BY scope, state",
             [now, *params],
@@ -113,9 +113,12 @@ class SQLiteAdmin:
                 )
 
     def read_counts(self, since: float) -> dict[str, tuple[int, int]]:
+        name = validate_identifier(f"{self.table}_counts"[:63])
+        exists = self._run("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [name])
+        if not exists:  # no counter ever flushed: nothing to read (and no DDL here)
+            return {}
         rows = self._run(
-            f"SELECT scope, sum(claims), sum(replays) FROM {self._counters()}"
-            " WHERE bucket >= ? GROUP BY scope",
+            f"SELECT scope, sum(claims), sum(replays) FROM {name} WHERE bucket >= ? GROUP BY scope",
             [since],
         )
         return {r[0]: (int(r[1]), int(r[2])) for r in rows}
