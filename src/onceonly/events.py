@@ -17,8 +17,9 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from onceonly.errors import DeadLettered, InFlight, LeaseLost, PayloadMismatch, StoreUnavailable
 
@@ -56,6 +57,8 @@ class Event:
         total_seconds: the whole call.
         started_ns: wall clock when the call started (``time.time_ns()``).
         error: the exception's type name for failures.
+        headers: the broker message's headers, when the delivery came from a broker
+            consumer (tracing extracts the producer's context from them).
     """
 
     kind: EventKind
@@ -67,6 +70,7 @@ class Event:
     total_seconds: float | None = None
     started_ns: int = 0
     error: str | None = None
+    headers: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def retry(self) -> bool:
@@ -115,10 +119,13 @@ _ERRORS: tuple[tuple[type[BaseException], EventKind], ...] = (
 class Observation:
     """Times one call (claim, handler, completion) and emits its events at the end."""
 
-    def __init__(self, hook: EventHook, scope: str, key: str) -> None:
+    def __init__(
+        self, hook: EventHook, scope: str, key: str, headers: Mapping[str, Any] | None = None
+    ) -> None:
         self.hook = hook
         self.scope = scope
         self.key = key
+        self.headers: Mapping[str, Any] = headers or {}
         self.started_ns = time.time_ns()
         self.t0 = time.monotonic()
         self.handler_start: float | None = None
@@ -140,7 +147,7 @@ class Observation:
         handler = None if start is None else (self.handler_end or end) - start
         return Event(
             kind, self.scope, self.key, self.attempt, claim, handler, end - self.t0,
-            self.started_ns, error,
+            self.started_ns, error, self.headers,
         )  # fmt: skip
 
     def returned(self, replayed: bool, attempt: int) -> None:

@@ -201,7 +201,8 @@ class Inbox:
         delivery: Delivery | None,
     ) -> Outcome[T]:
         """:meth:`process` with its events emitted (see ``onceonly.events``)."""
-        seen = Observation(self.events, self.consumer, key)
+        headers = delivery.headers if delivery is not None else None
+        seen = Observation(self.events, self.consumer, key, headers)
 
         def timed(body: Any, tx: Tx) -> T:
             seen.handler_started(tx.attempt)

@@ -200,7 +200,8 @@ class AsyncInbox:
         delivery: Delivery | None,
     ) -> Outcome[T]:
         """:meth:`process` with its events emitted (see ``onceonly.events``)."""
-        seen = Observation(self.events, self.consumer, key)
+        headers = delivery.headers if delivery is not None else None
+        seen = Observation(self.events, self.consumer, key, headers)
 
         async def timed(body: Any, tx: AsyncTx) -> T:
             seen.handler_started(tx.attempt)

@@ -4,9 +4,15 @@
 Each delivery becomes a span ``onceonly.process`` with children ``onceonly.claim``,
 ``onceonly.handler`` (when the handler ran) and ``onceonly.complete``, timed from the
 event (the spans are recorded when the delivery ends, as children of the span current
-at that moment). Attributes: ``onceonly.scope``, ``onceonly.outcome``,
-``onceonly.attempt``; the key (``onceonly.key``) only with ``key_attribute=True``:
-keys may carry personal data.
+at that moment; spans the handler opens are therefore not their children).
+
+Across the outbox: publish with ``tx.publish(topic, payload, headers=trace_headers())``;
+the relay sends the headers with the message, and a broker consumer's delivery carries
+them back, so the consumer's ``onceonly.process`` span becomes a child of the span that
+was current at publish time (W3C ``traceparent``, or whatever propagator is set).
+
+Attributes: ``onceonly.scope``, ``onceonly.outcome``, ``onceonly.attempt``; the key
+(``onceonly.key``) only with ``key_attribute=True``: keys may carry personal data.
 
 .. versionadded:: 0.2
 """
@@ -14,7 +20,7 @@ keys may carry personal data.
 from __future__ import annotations
 
 try:
-    from opentelemetry import trace
+    from opentelemetry import propagate, trace
     from opentelemetry.trace import Status, StatusCode, Tracer
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
@@ -23,7 +29,22 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from onceonly.events import Event, EventKind
 
-__all__ = ["OpenTelemetrySpans"]
+__all__ = ["OpenTelemetrySpans", "trace_headers"]
+
+
+def trace_headers() -> dict[str, str]:
+    """The current trace context as message headers, for ``tx.publish(..., headers=…)``.
+
+    Returns:
+        The headers of the configured propagator (``traceparent`` by default); empty
+        when no span is current.
+
+    .. versionadded:: 0.2
+    """
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
 
 _ERRORS = (EventKind.FAILED, EventKind.DEAD_LETTERED, EventKind.UNAVAILABLE, EventKind.LEASE_LOST)
 
@@ -55,7 +76,13 @@ class OpenTelemetrySpans:
             attributes["onceonly.attempt"] = event.attempt
         if self.key_attribute:
             attributes["onceonly.key"] = event.key
-        root = self.tracer.start_span("onceonly.process", start_time=start, attributes=attributes)
+        parent = None
+        if event.headers:  # the producer's context, carried through outbox and broker
+            carrier = {k: v for k, v in event.headers.items() if isinstance(v, str)}
+            parent = propagate.extract(carrier) if carrier else None
+        root = self.tracer.start_span(
+            "onceonly.process", parent, start_time=start, attributes=attributes
+        )
         if event.kind in _ERRORS:
             root.set_status(Status(StatusCode.ERROR, event.error or event.kind.value))
         context = trace.set_span_in_context(root)

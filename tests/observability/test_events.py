@@ -253,3 +253,40 @@ def test_idempotent_emits_renewals_completions_and_lease_lost() -> None:
     renewal = next(e for e in seen if e.kind is EventKind.LEASE_RENEWED)
     assert (renewal.scope, renewal.key, renewal.attempt) == ("jobs", "k1", 1)
     assert seen[-1].handler_seconds is not None and seen[-1].error == "LeaseLost"
+
+
+def test_trace_context_through_outbox_relay_and_consumer(tmp_path: Any) -> None:
+    """tx.publish(headers=trace_headers()) -> relay -> delivery: the consumer's span is a
+    child of the span current at publish time, in the same trace."""
+    from opentelemetry import trace
+
+    from onceonly.messaging import Delivery
+    from onceonly.testing import ListPublisher
+    from onceonly.tracing import trace_headers
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    store = onceonly.open_store(f"sqlite:///{tmp_path / 't.db'}")
+    store.migrate()
+    producer = onceonly.Inbox(store, consumer="orders")
+    with tracer.start_as_current_span("checkout") as checkout:
+
+        def place(msg: Any, tx: Any) -> None:
+            tx.publish("receipts", {"order": msg}, headers=trace_headers())
+
+        producer.process("order-1", 1, place)
+    assert trace.get_current_span() is not checkout
+    publisher = ListPublisher()
+    onceonly.Relay(store, publisher).run_once()
+    (message,) = publisher.messages
+    assert "traceparent" in message.headers
+    consumer = onceonly.Inbox(store, consumer="mailer", listeners=[OpenTelemetrySpans(tracer)])
+    delivery = Delivery(message.id, "receipts", headers=dict(message.headers))
+    consumer.process(message.id, {"order": 1}, lambda m, tx: "sent", delivery=delivery)
+    process = next(s for s in exporter.get_finished_spans() if s.name == "onceonly.process")
+    assert process.parent is not None
+    assert process.parent.span_id == checkout.get_span_context().span_id
+    assert process.context.trace_id == checkout.get_span_context().trace_id
+    store.close()
