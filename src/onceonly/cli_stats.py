@@ -30,9 +30,30 @@ def configure_stats(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def stats_json(report: StatsReport) -> dict[str, Any]:
+def _outbox_counts(store: Any) -> dict[str, int] | None:
+    """Pending and dead outbox rows (the relay's backlog), or None without an outbox."""
+    if getattr(store, "outbox_table", None) is None:
+        return None
+    import sqlite3
+
+    from onceonly.errors import StoreError
+    from onceonly.outbox import Outbox
+
+    missing: tuple[type[BaseException], ...] = (StoreError, sqlite3.OperationalError)
+    if getattr(store, "dialect", None) == "postgresql":
+        import psycopg
+
+        missing += (psycopg.errors.UndefinedTable,)
+    try:
+        return Outbox(store).counts()
+    except missing:  # no outbox table in this database
+        return None
+
+
+def stats_json(report: StatsReport, outbox: dict[str, int] | None = None) -> dict[str, Any]:
     """The report as a JSON object."""
     return {
+        "outbox": outbox,
         "scopes": {
             s.scope: {
                 **{state.value: s.counts.get(state, 0) for state in State},
@@ -55,11 +76,12 @@ def run_stats(args: argparse.Namespace) -> int:
     store = open_store(args.url, **({"table": args.table} if args.table else {}))
     try:
         report = Admin(store).stats(scope=args.scope, window=args.window)
+        outbox = _outbox_counts(store)
     finally:
         store.close()
     out = sys.stdout
     if args.json:
-        out.write(json.dumps(stats_json(report)) + "\n")
+        out.write(json.dumps(stats_json(report, outbox)) + "\n")
         return 0
     states = [s.value for s in State]
     head = ["scope", *states, "expired", "oldest_in_progress", "claims", "duplicate_rate"]
@@ -72,4 +94,6 @@ def run_stats(args: argparse.Namespace) -> int:
         out.write("\t".join(row) + "\n")
     for part, size in report.sizes.items():
         out.write(f"{part} size: {size} bytes\n")
+    if outbox is not None:
+        out.write(f"outbox: {outbox['pending']} pending, {outbox['dead']} dead\n")
     return 0

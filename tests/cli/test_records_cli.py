@@ -102,6 +102,7 @@ def test_reap_list_show_redrive_delete_and_stats(url: str) -> None:
     stats = json.loads(onceonly_cli("stats", "--url", url, "--json").stdout)
     assert stats["scopes"]["billing"]["expired"] == 5
     assert stats["scopes"]["mail"]["failed"] == 1 and stats["sizes"]["file"] > 0
+    assert stats["outbox"] == {"pending": 0, "dead": 0}
     assert onceonly_cli("records", "delete", "--url", url, "mail", "poison").returncode == 0
     assert onceonly_cli("records", "delete", "--url", url, "mail", "poison").returncode == 1
     table = onceonly_cli("stats", "--url", url).stdout
