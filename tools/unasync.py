@@ -25,6 +25,8 @@ SOURCES = [
     "src/onceonly/stores/postgres_async.py",
     "src/onceonly/outbox_async.py",
     "src/onceonly/relay_async.py",
+    "src/onceonly/stores/postgres_admin_async.py",
+    "src/onceonly/admin_async.py",
 ]
 
 RULES: list[tuple[str, str]] = [

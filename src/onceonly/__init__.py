@@ -8,6 +8,8 @@ effects outside the database. See docs/spec.md for the precise guarantees.
 
 import logging as _logging
 
+from onceonly.admin import Admin
+from onceonly.admin_async import AsyncAdmin
 from onceonly.decorator import idempotent
 from onceonly.errors import (
     BrokerUnavailable,
@@ -50,6 +52,8 @@ __version__ = "0.1.0"
 _logging.getLogger("onceonly").addHandler(_logging.NullHandler())
 
 __all__ = [
+    "Admin",
+    "AsyncAdmin",
     "AsyncClaim",
     "AsyncInbox",
     "AsyncOutbox",

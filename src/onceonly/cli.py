@@ -125,6 +125,42 @@ def _run_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _configure_records(parser: argparse.ArgumentParser) -> None:
+    from onceonly.cli_records import configure_records
+
+    configure_records(parser)
+
+
+def _run_records(args: argparse.Namespace) -> int:
+    from onceonly.cli_records import run_records
+
+    return run_records(args)
+
+
+def _configure_stats(parser: argparse.ArgumentParser) -> None:
+    from onceonly.cli_stats import configure_stats
+
+    configure_stats(parser)
+
+
+def _run_stats(args: argparse.Namespace) -> int:
+    from onceonly.cli_stats import run_stats
+
+    return run_stats(args)
+
+
+def _configure_doctor(parser: argparse.ArgumentParser) -> None:
+    from onceonly.cli_doctor import configure_doctor
+
+    configure_doctor(parser)
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    from onceonly.cli_doctor import run_doctor
+
+    return run_doctor(args)
+
+
 COMMANDS: tuple[Command, ...] = (
     Command(
         name="migrate",
@@ -169,6 +205,33 @@ COMMANDS: tuple[Command, ...] = (
         description="Inspect the outbox: list dead (or pending) rows, count them, redrive.",
         configure=_configure_outbox,
         run=_run_outbox,
+    ),
+    Command(
+        name="records",
+        help="purge, reap, list, show, redrive and delete records",
+        description=(
+            "Operate the records table: retention (purge expired records in batches), the"
+            " reaper of lapsed claims, inspection, redrive of dead records and deletion."
+        ),
+        configure=_configure_records,
+        run=_run_records,
+    ),
+    Command(
+        name="stats",
+        help="per-scope counts by state, stuck claims, expired rows and table size",
+        description="Print per-scope record counts by state, the age of the oldest"
+        " in-progress claim, expired records not purged yet and the table's size.",
+        configure=_configure_stats,
+        run=_run_stats,
+    ),
+    Command(
+        name="doctor",
+        help="check schema, clocks, pooling and broker settings; exit 1 on a problem",
+        description="Check the store (schema version, clock skew, transaction pooling) and"
+        " brokers (Redis eviction policy, NATS redelivery horizon against --ttl). Each"
+        " problem says what to do; the exit status is 1 when there is one.",
+        configure=_configure_doctor,
+        run=_run_doctor,
     ),
 )
 

@@ -144,27 +144,39 @@ def run_relay(args: argparse.Namespace) -> int:
     return asyncio.run(_relay(args))
 
 
+def _outbox_options(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument("--url", default=default, help="the store URL holding the outbox")
+    parser.add_argument("--table", default=default, help="outbox table (default: the store's)")
+
+
 def configure_outbox(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", required=True, help="the store URL holding the outbox")
-    parser.add_argument("--table", default=None, help="outbox table (default: the store's)")
+    # --url/--table go before the action (the original spelling) or after it, like
+    # `onceonly records ACTION --url …`; SUPPRESS keeps an action's absent option from
+    # overwriting one given before it.
+    _outbox_options(parser, None)
     add_create_option(parser)
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     show = sub.add_parser("list", help="list rows (dead by default) as JSON lines")
+    _outbox_options(show, argparse.SUPPRESS)
     show.add_argument(
-        "--state", choices=("dead", "pending"), default="dead", help="which rows (default dead)"
+        "--state", choices=("dead", "pending"), default="dead", help="which rows (default: dead)"
     )
-    show.add_argument("--limit", type=int, default=100, help="the most rows (default 100)")
+    show.add_argument("--limit", type=int, default=100, help="the most rows (default: 100)")
     redrive = sub.add_parser("redrive", help="put dead rows back to pending")
+    _outbox_options(redrive, argparse.SUPPRESS)
     which = redrive.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", help="one message id")
     which.add_argument("--all", action="store_true", help="every dead row")
-    sub.add_parser("counts", help="pending and dead counts")
+    counts = sub.add_parser("counts", help="pending and dead counts")
+    _outbox_options(counts, argparse.SUPPRESS)
 
 
 def run_outbox(args: argparse.Namespace) -> int:
     from onceonly.open import open_store
     from onceonly.outbox import Outbox
 
+    if not args.url:
+        raise ConfigurationError("onceonly outbox needs --url (the store holding the outbox)")
     check_sqlite_exists(args.url, args)
     store = open_store(args.url)
     try:

@@ -16,7 +16,7 @@ import datetime as dt
 import functools
 import inspect
 import typing
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, ParamSpec, TypeVar
 
 from onceonly._core import codec
@@ -24,6 +24,7 @@ from onceonly._core.fingerprint import fingerprint as fingerprint_of
 from onceonly._core.keys import validate_key
 from onceonly._core.state import Policy
 from onceonly.errors import ConfigurationError
+from onceonly.events import Listener
 from onceonly.leased import LeasedRunner
 from onceonly.leased_async import AsyncLeasedRunner
 from onceonly.outcome import seconds
@@ -93,6 +94,7 @@ class _Idempotent:
         check_arguments: bool,
         cache_errors: tuple[type[BaseException], ...],
         max_result_bytes: int,
+        listeners: Iterable[Listener] = (),
     ) -> None:
         if max_attempts < 1:
             raise ConfigurationError("max_attempts must be at least 1")
@@ -106,6 +108,7 @@ class _Idempotent:
         self.check_arguments = check_arguments
         self.cache_errors = cache_errors
         self.max_result_bytes = max_result_bytes
+        self.listeners = tuple(listeners)
 
     def _fp(self, sig: inspect.Signature, args: Any, kwargs: Any) -> tuple[str | None, Any]:
         """The fingerprint of a call and the arguments kept as its payload snapshot."""
@@ -141,6 +144,7 @@ class _Idempotent:
             "cache_errors": self.cache_errors,
             "max_result_bytes": self.max_result_bytes,
             "result_type": _return_type(fn),
+            "listeners": self.listeners,
         }
         if is_async:
             arunner = AsyncLeasedRunner(self.store, **opts)
@@ -178,6 +182,7 @@ def idempotent(
     check_arguments: bool = True,
     cache_errors: tuple[type[BaseException], ...] = (),
     max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
+    listeners: Iterable[Listener] = (),
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Run the decorated function once per key; duplicates get the stored result.
 
@@ -200,6 +205,8 @@ def idempotent(
         check_arguments: compare the arguments of duplicates (``PayloadMismatch``).
         cache_errors: exception classes stored and re-raised to duplicates.
         max_result_bytes: the largest encoded result stored (:class:`TooLarge`).
+        listeners: callables handed an :class:`~onceonly.events.Event` per call
+            (completed, replayed, lease renewals and losses, …); errors logged.
 
     Returns:
         A decorator keeping the function's signature.
@@ -210,6 +217,7 @@ def idempotent(
             in ``__main__`` (raised when decorating).
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2 ``listeners``.
     """
     return _Idempotent(
         store,
@@ -223,4 +231,5 @@ def idempotent(
         check_arguments=check_arguments,
         cache_errors=cache_errors,
         max_result_bytes=max_result_bytes,
+        listeners=listeners,
     )

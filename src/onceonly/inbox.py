@@ -45,6 +45,7 @@ from onceonly.errors import (
     StoreUnavailable,
     TransactionEnded,
 )
+from onceonly.events import EventHook, Listener, Observation
 from onceonly.messaging import Delivery
 from onceonly.outbox import Outbox
 from onceonly.outcome import Outcome, failure_write, new_token, replayed_result, seconds
@@ -86,8 +87,11 @@ class Inbox:
             runs (one extra round trip for a new key, two for a retry), so a message that
             kills the worker still reaches ``max_attempts`` and ends ``dead``. Broker
             consumers count such crashes with the broker's delivery count instead.
+        listeners: callables handed an :class:`~onceonly.events.Event` per delivery
+            (metrics, tracing); their errors are logged, never raised.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2 ``listeners``.
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class Inbox:
         result_type: Any = None,
         outbox: Outbox | None = None,
         precount_attempts: bool = False,
+        listeners: Iterable[Listener] = (),
     ) -> None:
         if not getattr(store, "atomic", False):
             raise ConfigurationError(
@@ -129,6 +134,7 @@ class Inbox:
         if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql"):
             outbox = Outbox(store)
         self.outbox = outbox
+        self.events = EventHook(listeners)
 
     def _atomic(self, write: Write) -> Write:
         """The claim as atomic mode writes it: already ``completed`` (result null).
@@ -182,6 +188,45 @@ class Inbox:
             TransactionError: the handler ended or broke the transaction (counted).
             Exception: whatever the handler raised (after recording the failure).
         """
+        if self.events:
+            return self._observed(key, payload, handler, connection, delivery)
+        return self._process(key, payload, handler, connection, delivery)
+
+    def _observed(
+        self,
+        key: str,
+        payload: Any,
+        handler: Callable[[Any, Tx], T],
+        connection: Any,
+        delivery: Delivery | None,
+    ) -> Outcome[T]:
+        """:meth:`process` with its events emitted (see ``onceonly.events``)."""
+        headers = delivery.headers if delivery is not None else None
+        seen = Observation(self.events, self.consumer, key, headers)
+
+        def timed(body: Any, tx: Tx) -> T:
+            seen.handler_started(tx.attempt)
+            try:
+                return handler(body, tx)
+            finally:
+                seen.handler_ended()
+
+        try:
+            outcome = self._process(key, payload, timed, connection, delivery)
+        except BaseException as exc:
+            seen.raised(exc)
+            raise
+        seen.returned(outcome.replayed, outcome.attempt)
+        return outcome
+
+    def _process(
+        self,
+        key: str,
+        payload: Any,
+        handler: Callable[[Any, Tx], T],
+        connection: Any,
+        delivery: Delivery | None,
+    ) -> Outcome[T]:
         key = validate_key(key)
         fp = fingerprint(payload, custom=self._fingerprint, fields=self._fields)
         scope = self.consumer

@@ -44,6 +44,7 @@ from onceonly.errors import (
     StoreUnavailable,
     TransactionEnded,
 )
+from onceonly.events import EventHook, Listener, Observation
 from onceonly.messaging import Delivery
 from onceonly.outbox_async import AsyncOutbox
 from onceonly.outcome import Outcome, failure_write, new_token, replayed_result, seconds
@@ -85,8 +86,11 @@ class AsyncInbox:
             runs (one extra round trip for a new key, two for a retry), so a message that
             kills the worker still reaches ``max_attempts`` and ends ``dead``. Broker
             consumers count such crashes with the broker's delivery count instead.
+        listeners: callables handed an :class:`~onceonly.events.Event` per delivery
+            (metrics, tracing); their errors are logged, never raised.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2 ``listeners``.
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class AsyncInbox:
         result_type: Any = None,
         outbox: AsyncOutbox | None = None,
         precount_attempts: bool = False,
+        listeners: Iterable[Listener] = (),
     ) -> None:
         if not getattr(store, "atomic", False):
             raise ConfigurationError(
@@ -128,6 +133,7 @@ class AsyncInbox:
         if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql"):
             outbox = AsyncOutbox(store)
         self.outbox = outbox
+        self.events = EventHook(listeners)
 
     def _atomic(self, write: Write) -> Write:
         """The claim as atomic mode writes it: already ``completed`` (result null).
@@ -181,6 +187,45 @@ class AsyncInbox:
             TransactionError: the handler ended or broke the transaction (counted).
             Exception: whatever the handler raised (after recording the failure).
         """
+        if self.events:
+            return await self._observed(key, payload, handler, connection, delivery)
+        return await self._process(key, payload, handler, connection, delivery)
+
+    async def _observed(
+        self,
+        key: str,
+        payload: Any,
+        handler: Callable[[Any, AsyncTx], Awaitable[T]],
+        connection: Any,
+        delivery: Delivery | None,
+    ) -> Outcome[T]:
+        """:meth:`process` with its events emitted (see ``onceonly.events``)."""
+        headers = delivery.headers if delivery is not None else None
+        seen = Observation(self.events, self.consumer, key, headers)
+
+        async def timed(body: Any, tx: AsyncTx) -> T:
+            seen.handler_started(tx.attempt)
+            try:
+                return await handler(body, tx)
+            finally:
+                seen.handler_ended()
+
+        try:
+            outcome = await self._process(key, payload, timed, connection, delivery)
+        except BaseException as exc:
+            seen.raised(exc)
+            raise
+        seen.returned(outcome.replayed, outcome.attempt)
+        return outcome
+
+    async def _process(
+        self,
+        key: str,
+        payload: Any,
+        handler: Callable[[Any, AsyncTx], Awaitable[T]],
+        connection: Any,
+        delivery: Delivery | None,
+    ) -> Outcome[T]:
         key = validate_key(key)
         fp = fingerprint(payload, custom=self._fingerprint, fields=self._fields)
         scope = self.consumer

@@ -20,7 +20,7 @@ import contextvars
 import dataclasses
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,7 @@ from onceonly.errors import (
     StoreUnavailable,
     TooLarge,
 )
+from onceonly.events import Event, EventHook, EventKind, Listener, Observation
 from onceonly.outcome import failure_write, new_token, random_fraction, replayed_result
 from onceonly.types import AsyncStore
 
@@ -150,8 +151,10 @@ class AsyncLeasedRunner:
         max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
         result_type: Any = None,
         keep_payload: bool = True,
+        listeners: Iterable[Listener] = (),
     ) -> None:
         self.store = store
+        self.events = EventHook(listeners)
         self.scope = scope
         self.policy = policy
         self.ttl = ttl
@@ -245,6 +248,29 @@ class AsyncLeasedRunner:
         self, key: str, fp: str | None, fn: Callable[[], Awaitable[Any]], payload: Any = None
     ) -> tuple[Any, bool, int]:
         """Run ``fn`` once for ``key``: returns (result, replayed, attempt)."""
+        if not self.events:
+            return await self._run(key, fp, fn, payload)
+        seen = Observation(self.events, self.scope, key)
+
+        async def timed() -> Any:
+            current = _current.get()
+            seen.handler_started(current.attempt if current is not None else None)
+            try:
+                return await fn()
+            finally:
+                seen.handler_ended()
+
+        try:
+            result, replayed, attempt = await self._run(key, fp, timed, payload)
+        except BaseException as exc:
+            seen.raised(exc)
+            raise
+        seen.returned(replayed, attempt)
+        return result, replayed, attempt
+
+    async def _run(
+        self, key: str, fp: str | None, fn: Callable[[], Awaitable[Any]], payload: Any
+    ) -> tuple[Any, bool, int]:
         got = await self.claim(key, fp)
         if isinstance(got, Replay):
             return self.replay(got.record), True, got.record.attempts + 1
@@ -296,6 +322,8 @@ class AsyncLeasedRunner:
             claim.lost = True
             log.warning("%s/%s: lease lost to another worker", self.scope, claim.key)
             return False
+        if self.events:
+            self.events.emit(Event(EventKind.LEASE_RENEWED, self.scope, claim.key, claim.attempt))
         return True
 
     async def _fail(self, claim: AsyncClaim, exc: BaseException, payload: Any) -> None:

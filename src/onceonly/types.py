@@ -20,9 +20,19 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from onceonly._core.admin import PurgeRule, Query, ScopeStats
 from onceonly._core.state import Expect, Record, Write
 
-__all__ = ["AsyncSession", "AsyncStore", "Session", "Snapshot", "Store", "TxHealth"]
+__all__ = [
+    "AdminStore",
+    "AsyncAdminStore",
+    "AsyncSession",
+    "AsyncStore",
+    "Session",
+    "Snapshot",
+    "Store",
+    "TxHealth",
+]
 
 Params = Sequence[Any] | None
 
@@ -161,3 +171,66 @@ class AsyncStore(Protocol):
     def session(self) -> AbstractAsyncContextManager[AsyncSession]: ...
 
     async def close(self) -> None: ...
+
+
+class AdminStore(Protocol):
+    """Operator access to a store's records, beside the claim path (``onceonly.admin``).
+
+    A store offers it through ``store.admin()``. Reads and deletes only: every fenced
+    write (reap, redrive) goes through the store's own ``Session.update``, with the
+    :class:`~onceonly._core.state.Expect` of the version it was decided from. Every
+    operation is bounded (``limit``) and holds no lock beyond one short statement.
+
+    .. versionadded:: 0.2
+    """
+
+    def scan(self, query: Query) -> tuple[list[Record], float]:
+        """Records matching ``query`` in ``(scope, key)`` order, and the store's now."""
+
+    def count_purgeable(self, rule: PurgeRule) -> int:
+        """How many records :meth:`purge_batch` would delete now (for a dry run)."""
+
+    def purge_batch(self, rule: PurgeRule, limit: int) -> int:
+        """Delete at most ``limit`` records qualifying under ``rule`` in one short
+        transaction, re-checking the rule on each row as it is deleted and skipping
+        rows another transaction holds; the number deleted."""
+
+    def delete(self, scope: str, key: str, expect: Expect) -> bool:
+        """Delete the record if it is still the version ``expect`` (token and state)."""
+
+    def stats(self, scope: str | None = None) -> tuple[list[ScopeStats], float]:
+        """Per-scope counts (see :class:`~onceonly._core.admin.ScopeStats`) and now."""
+
+    def sizes(self) -> dict[str, int]:
+        """Bytes on disk by part (``table``, ``indexes``); empty when not known."""
+
+    def add_counts(self, counts: Sequence[tuple[str, int, int, int]]) -> None:
+        """Add ``(scope, bucket, claims, replays)`` rows to the delivery counters, one
+        upsert per row (``bucket``: its start, epoch seconds)."""
+
+    def read_counts(self, since: float) -> dict[str, tuple[int, int]]:
+        """Claims and replays per scope, summed over buckets starting at or after
+        ``since`` (epoch seconds)."""
+
+
+class AsyncAdminStore(Protocol):
+    """The methods of :class:`AdminStore`, awaited (for async stores).
+
+    .. versionadded:: 0.2
+    """
+
+    async def scan(self, query: Query) -> tuple[list[Record], float]: ...
+
+    async def count_purgeable(self, rule: PurgeRule) -> int: ...
+
+    async def purge_batch(self, rule: PurgeRule, limit: int) -> int: ...
+
+    async def delete(self, scope: str, key: str, expect: Expect) -> bool: ...
+
+    async def stats(self, scope: str | None = None) -> tuple[list[ScopeStats], float]: ...
+
+    async def sizes(self) -> dict[str, int]: ...
+
+    async def add_counts(self, counts: Sequence[tuple[str, int, int, int]]) -> None: ...
+
+    async def read_counts(self, since: float) -> dict[str, tuple[int, int]]: ...

@@ -14,11 +14,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError, InFlight
 from onceonly.types import Params, Snapshot, TxHealth
+
+if TYPE_CHECKING:
+    from onceonly.stores.memory_admin import MemoryAdmin
 
 __all__ = ["MemoryStore"]
 
@@ -185,6 +188,7 @@ class MemoryStore:
         self._records: dict[_Key, Record] = {}
         self._lock = threading.Lock()
         self._key_locks: dict[_Key, threading.Lock] = {}
+        self._counts: dict[tuple[str, int], list[int]] = {}  # delivery counters (admin)
 
     def _key_lock(self, k: _Key) -> threading.Lock:
         with self._lock:
@@ -218,6 +222,15 @@ class MemoryStore:
         """Every committed record (for tests and inspection)."""
         with self._lock:
             return list(self._records.values())
+
+    def admin(self) -> MemoryAdmin:
+        """Operator access to the records (:class:`~onceonly.types.AdminStore`).
+
+        .. versionadded:: 0.2
+        """
+        from onceonly.stores.memory_admin import MemoryAdmin
+
+        return MemoryAdmin(self)
 
     def close(self) -> None:
         """Nothing to release."""

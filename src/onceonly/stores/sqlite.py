@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceonly._core.sql import validate_identifier
 from onceonly._core.state import Expect, Record, State, Write
@@ -37,6 +37,9 @@ from onceonly.errors import (
     TransactionEnded,
 )
 from onceonly.types import Params, Snapshot, TxHealth
+
+if TYPE_CHECKING:
+    from onceonly.stores.sqlite_admin import SQLiteAdmin
 
 __all__ = ["SQLiteStore"]
 
@@ -427,6 +430,15 @@ class SQLiteStore:
             yield SQLiteSession(self, conn)
         finally:
             self._release(conn)
+
+    def admin(self) -> SQLiteAdmin:
+        """Operator access to the records (:class:`~onceonly.types.AdminStore`).
+
+        .. versionadded:: 0.2
+        """
+        from onceonly.stores.sqlite_admin import SQLiteAdmin
+
+        return SQLiteAdmin(self)
 
     def close(self) -> None:
         """Close the pooled connections of this process.

@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: MIT
+"""``onceonly doctor``: checks of a deployment that break the guarantees quietly.
+
+Each check returns :class:`Finding` objects saying what is wrong and what to do:
+
+* the records table is missing or at an older schema version (run ``migrate()``);
+* the database clock and this machine's differ (leases are on the database clock, but
+  TTLs and deadlines chosen here are not);
+* PostgreSQL is reached through a transaction-pooling proxy (PgBouncer
+  ``pool_mode=transaction``): successive transactions of one connection land on
+  different server backends. A transaction stays on one backend (atomic mode holds), but
+  the store's prepared statements (psycopg prepares repeated statements) break unless
+  the proxy tracks them (PgBouncer >= 1.21 with ``max_prepared_statements``), and the
+  relay's ``LISTEN`` wake-ups are lost;
+* Redis evicts keys under memory pressure (``maxmemory-policy`` other than
+  ``noeviction``): records or stream entries can vanish;
+* the inbox TTL is shorter than a NATS JetStream consumer's redelivery horizon
+  (``max_deliver * ack_wait``) or its stream's ``max_age``: a late redelivery would run
+  the handler again.
+
+.. versionadded:: 0.2
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Finding", "check_nats", "check_redis", "check_store"]
+
+SKEW_LIMIT = 2.0  # seconds
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: ``what`` is wrong, ``fix`` says what to do; ``ok`` lines are checks
+    that passed (printed, not counted)."""
+
+    check: str
+    what: str
+    fix: str = ""
+    ok: bool = False
+
+
+def _pass(check: str, what: str) -> Finding:
+    return Finding(check, what, ok=True)
+
+
+def check_store(store: Any) -> list[Finding]:
+    """Schema version, clock skew and connection pooling of a sync store."""
+    out: list[Finding] = []
+    version = getattr(store, "schema_version", None)
+    if callable(version):
+        found = version()
+        module = __import__(type(store).__module__, fromlist=["SCHEMA_VERSION"])
+        expected = getattr(module, "SCHEMA_VERSION", None)
+        if found is None:
+            out.append(
+                Finding(
+                    "schema",
+                    f"the records table {store.table!r} is not migrated",
+                    "run store.migrate() (or deploy a migration) before consumers start",
+                )
+            )
+        elif expected is not None and found < expected:
+            out.append(
+                Finding(
+                    "schema",
+                    f"the records table is at schema version {found}; this onceonly needs"
+                    f" {expected}",
+                    "run store.migrate() with this version (safe to repeat, concurrent-safe)",
+                )
+            )
+        else:
+            out.append(_pass("schema", f"schema version {found}"))
+    if getattr(store, "dialect", None) == "postgresql":
+        out += _check_postgres(store)
+    return out
+
+
+def _check_postgres(store: Any) -> list[Finding]:
+    out: list[Finding] = []
+    with store._connection(autocommit=True) as conn:
+        before = time.time()
+        row = conn.execute("SELECT date_part('epoch', clock_timestamp())").fetchone()
+        after = time.time()
+        skew = float(row[0]) - (before + after) / 2
+        if abs(skew) > SKEW_LIMIT + (after - before) / 2:
+            out.append(
+                Finding(
+                    "clock",
+                    f"the database clock is {skew:+.1f} s from this machine's",
+                    "run NTP (chrony) on both; leases use the database clock, but TTLs,"
+                    " waits and broker deadlines are measured here",
+                )
+            )
+        else:
+            out.append(_pass("clock", f"clock skew {skew:+.3f} s"))
+        pids = {conn.execute("SELECT pg_backend_pid()").fetchone()[0] for _ in range(8)}
+    if len(pids) > 1:
+        out.append(
+            Finding(
+                "pooling",
+                "successive statements of one connection ran on different backends:"
+                " a transaction-pooling proxy (PgBouncer pool_mode=transaction)",
+                "connect onceonly directly or through session pooling, or enable"
+                " PgBouncer >= 1.21 max_prepared_statements; LISTEN (relay wake-ups) needs"
+                " a direct connection either way",
+            )
+        )
+    else:
+        out.append(_pass("pooling", "one backend per connection (no transaction pooling)"))
+    return out
+
+
+def check_redis(url: str) -> list[Finding]:
+    """Whether Redis at ``url`` may evict keys."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    try:
+        policy = str(client.config_get("maxmemory-policy").get("maxmemory-policy", ""))
+    finally:
+        client.close()
+    if policy != "noeviction":
+        return [
+            Finding(
+                "redis",
+                f"Redis maxmemory-policy is {policy!r}: under memory pressure it evicts"
+                " keys, and an evicted record or stream entry is a lost dedup or message",
+                "set maxmemory-policy noeviction (writes then fail loudly instead)",
+            )
+        ]
+    return [_pass("redis", "maxmemory-policy noeviction")]
+
+
+def check_nats(url: str, stream: str, consumer: str | None, ttl: float | None) -> list[Finding]:
+    """Whether an inbox ``ttl`` covers a JetStream consumer's redelivery horizon."""
+    return asyncio.run(_check_nats(url, stream, consumer, ttl))
+
+
+async def _check_nats(
+    url: str, stream: str, consumer: str | None, ttl: float | None
+) -> list[Finding]:
+    import nats
+
+    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(stream)
+        horizons: list[tuple[str, float]] = []
+        if info.config.max_age:
+            horizons.append((f"stream {stream} max_age", float(info.config.max_age)))
+        if consumer is not None:
+            c = await js.consumer_info(stream, consumer)
+            deliveries, ack_wait = c.config.max_deliver, c.config.ack_wait
+            if deliveries is None or deliveries < 0:
+                horizons.append((f"consumer {consumer} max_deliver (unlimited)", float("inf")))
+            elif ack_wait:
+                horizons.append(
+                    (f"consumer {consumer} max_deliver * ack_wait", deliveries * float(ack_wait))
+                )
+    finally:
+        await nc.close()
+    if ttl is None:
+        return [_pass("nats", "the inbox ttl is unlimited")]
+    out = []
+    for name, horizon in horizons:
+        if ttl < horizon:
+            shown = "unlimited" if horizon == float("inf") else f"{horizon:.0f} s"
+            out.append(
+                Finding(
+                    "nats",
+                    f"the inbox ttl ({ttl:.0f} s) is shorter than the {name} ({shown}):"
+                    " a redelivery after the ttl runs the handler again",
+                    "raise the inbox ttl above the horizon, or bound max_deliver / max_age",
+                )
+            )
+    return out or [_pass("nats", "the inbox ttl covers the redelivery horizon")]
+
+
+def broker_scheme(url: str) -> str:
+    """The scheme of a broker URL, lower case."""
+    return urllib.parse.urlsplit(url).scheme.lower()
