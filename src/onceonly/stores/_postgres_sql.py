@@ -256,6 +256,40 @@ def _updated(scope: str, key: str, write: Write, row: Sequence[Any]) -> Record:
     return record
 
 
+def _records_ddl(table: str) -> list[sql.Composed]:
+    """The records table and its expiry index (``migrate`` runs them in its transaction)."""
+    t = sql.Identifier(table)
+    index = sql.Identifier(f"{table}_expires"[:63])
+    check = sql.Identifier(f"{table}_state_check"[:63])
+    return [
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {t} ("
+            " scope text NOT NULL,"
+            " key text NOT NULL,"
+            " state text NOT NULL CONSTRAINT {check} CHECK"
+            " (state IN ('in_progress', 'completed', 'failed', 'dead')),"
+            " fingerprint text,"
+            " token bigint NOT NULL,"
+            " attempts integer NOT NULL DEFAULT 0,"
+            " lease_until timestamptz,"
+            " result text,"
+            " error text,"
+            " payload text,"
+            " checkpoint text,"
+            " created_at timestamptz NOT NULL DEFAULT clock_timestamp(),"
+            " updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),"
+            " completed_at timestamptz,"
+            " expires_at timestamptz,"
+            " PRIMARY KEY (scope, key))"
+        ).format(t=t, check=check),
+        # Retention finds expired (completed) records: "expires_at < now" implies the
+        # predicate. Partial, so a claim (in_progress, no expiry) adds no entry to it.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (expires_at) WHERE expires_at IS NOT NULL"
+        ).format(index, t),
+    ]
+
+
 def _lock_timeout(lock_wait: float) -> str | None:
     """``lock_wait`` seconds as a ``lock_timeout`` value (``None``: wait for ever)."""
     if math.isnan(lock_wait):

@@ -36,9 +36,6 @@ so SQL run directly on ``session.connection`` before it is still inside the tran
 from __future__ import annotations
 
 import logging
-import math
-import os
-import re
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -47,7 +44,6 @@ from typing import Any
 try:
     import psycopg
     from psycopg import sql
-    from psycopg.conninfo import conninfo_to_dict
     from psycopg.pq import TransactionStatus
     from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
@@ -63,8 +59,10 @@ from onceonly.errors import (
     StoreError,
     StoreUnavailable,
 )
+from onceonly.stores._postgres_conninfo import _conninfo, _describe, _is_local, _libpq_seconds
 from onceonly.stores._postgres_sql import (
     _lock_timeout,
+    _records_ddl,
     _Statements,
 )
 from onceonly.stores.postgres_session import (
@@ -93,42 +91,6 @@ _MIGRATE_LOCK = 0x6F6E63656F6E6C79
 _CHECK_IDLE_AFTER = 1.0
 _RETURNED_MAX = 4096
 # Fallback reads after a claim that raced a committing insert, before giving up.
-
-
-def _conninfo(url: str) -> str:
-    """Accept SQLAlchemy-style ``postgresql+psycopg://`` URLs as well as libpq ones."""
-    return re.sub(r"^(postgres(?:ql)?)\+\w+://", r"\1://", url)
-
-
-def _libpq_seconds(seconds: float) -> int:
-    """``seconds`` as libpq's ``connect_timeout`` (whole seconds; it treats 1 as 2)."""
-    return max(2, math.ceil(seconds))
-
-
-def _describe(conninfo: str) -> str:
-    """host, port, database and user of ``conninfo``, never its password."""
-    try:
-        params = conninfo_to_dict(_conninfo(conninfo))
-    except psycopg.Error:
-        return "an unparsable conninfo"
-    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "local"
-    port = params.get("port") or os.environ.get("PGPORT") or "5432"
-    db = params.get("dbname") or os.environ.get("PGDATABASE") or params.get("user") or "?"
-    user = params.get("user") or os.environ.get("PGUSER") or "?"
-    return f"host {host}, port {port}, database {db}, user {user}"
-
-
-def _is_local(conninfo: str) -> bool:
-    """Whether every host of ``conninfo`` is a Unix socket or a loopback address."""
-    try:
-        params = conninfo_to_dict(_conninfo(conninfo))
-    except psycopg.Error:
-        return False
-    hosts = str(params.get("hostaddr") or params.get("host") or os.environ.get("PGHOST", ""))
-    return all(
-        not host or host.startswith(("/", "@", "127.")) or host in ("localhost", "::1")
-        for host in hosts.split(",")
-    )
 
 
 class PostgresStore:
@@ -305,9 +267,6 @@ class PostgresStore:
 
     def _create_tables(self, conn: psycopg.Connection[Any]) -> None:
         """The DDL of :meth:`migrate`, inside its transaction."""
-        t = sql.Identifier(self.table)
-        index = sql.Identifier(f"{self.table}_expires"[:63])
-        check = sql.Identifier(f"{self.table}_state_check"[:63])
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
         conn.execute(
             sql.SQL(
@@ -327,35 +286,8 @@ class PostgresStore:
                 f"table {self.table!r} has schema version {row[0]}; this onceonly "
                 f"knows up to {SCHEMA_VERSION}: upgrade onceonly"
             )
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {t} ("
-                " scope text NOT NULL,"
-                " key text NOT NULL,"
-                " state text NOT NULL CONSTRAINT {check} CHECK"
-                " (state IN ('in_progress', 'completed', 'failed', 'dead')),"
-                " fingerprint text,"
-                " token bigint NOT NULL,"
-                " attempts integer NOT NULL DEFAULT 0,"
-                " lease_until timestamptz,"
-                " result text,"
-                " error text,"
-                " payload text,"
-                " checkpoint text,"
-                " created_at timestamptz NOT NULL DEFAULT clock_timestamp(),"
-                " updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),"
-                " completed_at timestamptz,"
-                " expires_at timestamptz,"
-                " PRIMARY KEY (scope, key))"
-            ).format(t=t, check=check)
-        )
-        # Retention finds expired (completed) records: "expires_at < now" implies the
-        # predicate. Partial, so a claim (in_progress, no expiry) adds no entry to it.
-        conn.execute(
-            sql.SQL(
-                "CREATE INDEX IF NOT EXISTS {} ON {} (expires_at) WHERE expires_at IS NOT NULL"
-            ).format(index, t)
-        )
+        for ddl in _records_ddl(self.table):
+            conn.execute(ddl)
         record_version = sql.SQL(
             "INSERT INTO {} (component, version) VALUES (%s, %s) "
             "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version "
@@ -363,8 +295,8 @@ class PostgresStore:
         ).format(sql.Identifier(SCHEMA_TABLE), sql.Identifier(SCHEMA_TABLE))
         conn.execute(record_version, (self._component, SCHEMA_VERSION))
         if self.outbox_table is not None:
-            for statement in OutboxSQL(self.dialect, self.outbox_table).migrate():
-                conn.execute(statement)
+            for outbox_ddl in OutboxSQL(self.dialect, self.outbox_table).migrate():
+                conn.execute(outbox_ddl)
             conn.execute(record_version, (f"outbox:{self.outbox_table}", OUTBOX_SCHEMA_VERSION))
 
     def schema_version(self) -> int | None:

@@ -1,0 +1,52 @@
+# SPDX-License-Identifier: MIT
+"""PostgreSQL connection strings (no I/O): URL forms, timeouts, what to print, locality.
+
+Shared by the async store and its generated sync twin.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+__all__ = ["_conninfo", "_describe", "_is_local", "_libpq_seconds"]
+
+
+def _conninfo(url: str) -> str:
+    """Accept SQLAlchemy-style ``postgresql+psycopg://`` URLs as well as libpq ones."""
+    return re.sub(r"^(postgres(?:ql)?)\+\w+://", r"\1://", url)
+
+
+def _libpq_seconds(seconds: float) -> int:
+    """``seconds`` as libpq's ``connect_timeout`` (whole seconds; it treats 1 as 2)."""
+    return max(2, math.ceil(seconds))
+
+
+def _describe(conninfo: str) -> str:
+    """host, port, database and user of ``conninfo``, never its password."""
+    try:
+        params = conninfo_to_dict(_conninfo(conninfo))
+    except psycopg.Error:
+        return "an unparsable conninfo"
+    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "local"
+    port = params.get("port") or os.environ.get("PGPORT") or "5432"
+    db = params.get("dbname") or os.environ.get("PGDATABASE") or params.get("user") or "?"
+    user = params.get("user") or os.environ.get("PGUSER") or "?"
+    return f"host {host}, port {port}, database {db}, user {user}"
+
+
+def _is_local(conninfo: str) -> bool:
+    """Whether every host of ``conninfo`` is a Unix socket or a loopback address."""
+    try:
+        params = conninfo_to_dict(_conninfo(conninfo))
+    except psycopg.Error:
+        return False
+    hosts = str(params.get("hostaddr") or params.get("host") or os.environ.get("PGHOST", ""))
+    return all(
+        not host or host.startswith(("/", "@", "127.")) or host in ("localhost", "::1")
+        for host in hosts.split(",")
+    )
