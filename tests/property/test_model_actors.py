@@ -727,3 +727,27 @@ def test_a_takeover_keeps_a_checkpoint_saved_after_it_read(harness: Harness) -> 
     # checkpoint the store kept, not the one it read
     assert taken is not None and taken.token == decision.write.token
     assert taken.checkpoint is not None and json.loads(taken.checkpoint) == kept
+
+
+def test_a_reap_keeps_a_checkpoint_saved_after_it_read(harness: Harness) -> None:
+    """The reaper's fenced write keeps the checkpoint the row holds when it lands, like a
+    takeover: a holder that checkpointed after the reaper read and then lapsed again
+    loses its claim, not its saved step."""
+    from onceonly._core.admin import reap_decision
+
+    claim = first_claim(harness)
+    harness.advance(LEASE + 1)
+    with harness.store.session() as s:
+        snap = s.get(SCOPE, "k")
+    assert snap.record is not None
+    decided = reap_decision(snap.record, snap.now, new_token())
+    assert decided is not None
+    holder_writes(harness, claim, "checkpoint")  # renews the lease too
+    harness.advance(LEASE + 1)  # …and lapses again before the reap lands
+    expect, write = decided
+    with harness.store.session() as s:
+        reaped = s.update(SCOPE, "k", expect, write)
+        record = s.get(SCOPE, "k").record
+    assert reaped is not None and record is not None and record.state is State.FAILED
+    kept = json.loads(record.checkpoint) if record.checkpoint else {}
+    assert kept == {"charged": 1}, f"the reap stored {kept}"

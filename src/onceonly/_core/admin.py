@@ -126,6 +126,9 @@ def reap_decision(record: Record, now: float, token: int) -> tuple[Expect, Write
         error=record.error or LAPSED_ERROR,
         payload=record.payload,
         checkpoint=record.checkpoint,
+        # as a takeover does: the checkpoint the row holds when the write lands (a lapsed
+        # holder may have saved a newer one after this read, then lapsed again)
+        keep_checkpoint=True,
     )
     return Expect(record.token, State.IN_PROGRESS, lapsed=True), write
 
