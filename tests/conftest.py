@@ -55,13 +55,46 @@ def drop_pg_table(table: str) -> None:
     import psycopg
 
     with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.execute(f"DROP TABLE IF EXISTS {table} CASCADE")  # CASCADE: a partitioned
+        # table's lookup function
         if conn.execute("SELECT to_regclass('onceonly_schema')").fetchone()[0]:
             conn.execute("DELETE FROM onceonly_schema WHERE component = %s", (f"records:{table}",))
 
 
-STORE_KINDS = ["memory", "sqlite", "postgres"]
-SQL_KINDS = ["sqlite", "postgres"]
+# "pgpart": PostgreSQL with the time-partitioned records table (migrate(partitioned=True)).
+# It runs in the directories of PARTITIONED_DIRS (the contract suite, races, admin, the
+# model); elsewhere its cases are deselected (see pytest_collection_modifyitems).
+STORE_KINDS = ["memory", "sqlite", "postgres", "pgpart"]
+SQL_KINDS = ["sqlite", "postgres", "pgpart"]
+PG_KINDS = ("postgres", "pgpart")
+PARTITIONED_DIRS = ("contract", "races", "admin", "property", "crash")
+_NOT_PARTITIONED = ("test_not_migrated.py",)  # its tables must not exist yet
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params.values() if callspec is not None else ()
+        path = item.path
+        if any(p == "pgpart" for p in params if isinstance(p, str)) and (
+            path.parent.name not in PARTITIONED_DIRS or path.name in _NOT_PARTITIONED
+        ):
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def create_partitioned(table: str) -> None:
+    """The partitioned records table ``table`` (later ``migrate()`` calls keep it)."""
+    store = onceonly.open_store(PG_URL, table=table, outbox_table=None)
+    try:
+        store.migrate(partitioned=True)
+    finally:
+        store.close()
 
 
 class StoreFactory:
@@ -75,14 +108,17 @@ class StoreFactory:
             "memory": "memory://",
             "sqlite": f"sqlite:///{tmp_path / 'onceonly.db'}",
             "postgres": PG_URL,
+            "pgpart": PG_URL,
         }[kind]
         self._opened: list[Any] = []
         self._memory: MemoryStore | None = None
         self.clock = ManualClock()
 
     def __call__(self, **options: Any) -> Any:
-        if self.kind == "postgres":
+        if self.kind in PG_KINDS:
             require_postgres()
+        if self.kind == "pgpart" and not self._opened:
+            create_partitioned(self.table)
         if self.kind == "memory":
             if self._memory is None:
                 self._memory = MemoryStore()
@@ -95,7 +131,7 @@ class StoreFactory:
     def close(self) -> None:
         for s in self._opened:
             s.close()
-        if self.kind == "postgres" and _pg_ok:
+        if self.kind in PG_KINDS and _pg_ok:
             drop_pg_table(self.table)
             drop_pg_table(f"{self.table}_ledger")
             drop_pg_table(f"{self.table}_outbox")
@@ -140,19 +176,22 @@ def sql_store(sql_store_factory: StoreFactory) -> Any:
 async def async_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
     kind = request.param
     table = unique_table()
-    if kind == "postgres":
+    if kind in PG_KINDS:
         require_postgres()
+    if kind == "pgpart":
+        create_partitioned(table)
     url = {
         "memory": "memory://",
         "sqlite": f"sqlite:///{tmp_path / 'onceonly.db'}",
         "postgres": PG_URL,
+        "pgpart": PG_URL,
     }[kind]
     options = {} if kind == "memory" else {"table": table, "outbox_table": f"{table}_outbox"}
     store = onceonly.open_async_store(url, **options)
     await store.migrate()
     yield store
     await store.close()
-    if kind == "postgres":
+    if kind in PG_KINDS:
         drop_pg_table(table)
         drop_pg_table(f"{table}_outbox")
 

@@ -26,6 +26,7 @@ SOURCES = [
     "src/onceonly/outbox_async.py",
     "src/onceonly/relay_async.py",
     "src/onceonly/stores/postgres_admin_async.py",
+    "src/onceonly/stores/postgres_partitions_async.py",
     "src/onceonly/admin_async.py",
 ]
 

@@ -21,6 +21,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from onceonly.errors import (
     BrokerUnavailable,
@@ -109,16 +110,38 @@ def _configure_migrate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--table", default=None, help="the records table (default: onceonly_records)"
     )
+    parser.add_argument(
+        "--partitioned",
+        action="store_true",
+        help="PostgreSQL: create the records table partitioned by time (see onceonly"
+        " records partitions)",
+    )
+    from onceonly.cli_records import parse_duration
+
+    parser.add_argument(
+        "--period",
+        type=parse_duration,
+        default=86400.0,
+        help="with --partitioned: a partition's length, e.g. 1h or 1d (default: 1d)",
+    )
 
 
 def _run_migrate(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
     from onceonly._core.urls import redact_url
     from onceonly.open import open_store
 
     options = {} if args.table is None else {"table": args.table}
     store = open_store(args.url, **options)
     try:
-        store.migrate()
+        if args.partitioned:
+            if not hasattr(store, "partitions"):
+                raise CommandError("--partitioned needs a PostgreSQL store")
+            partitioned: Any = store  # a PostgreSQL store
+            partitioned.migrate(partitioned=True, period=timedelta(seconds=args.period))
+        else:
+            store.migrate()
     finally:
         store.close()
     sys.stdout.write(f"migrated: {redact_url(args.url)}\n")

@@ -191,6 +191,11 @@ def configure_records(parser: argparse.ArgumentParser) -> None:
     delete.add_argument("scope", help="the record's scope")
     delete.add_argument("key", help="the record's key")
 
+    configure_partitions(sub, _url_options, parse_duration, _seconds)
+
+
+from onceonly.cli_partitions import configure_partitions, run_partitions  # noqa: E402
+
 
 def _iso(t: float | None) -> str | None:
     if t is None:
@@ -354,4 +359,5 @@ _ACTIONS: dict[str, Callable[[Admin, argparse.Namespace, TextIO], int]] = {
     "show": _show,
     "redrive": _redrive,
     "delete": _delete,
+    "partitions": run_partitions,
 }

@@ -672,3 +672,34 @@ async def test_worker_killed_by_its_handler_is_dead_lettered_after_max_deliverie
     assert headers["onceonly-message-id"] == "m-poison"
     assert committed_ledger(tmp_path) == []
     assert await settled(env, deliveries=4)
+
+
+async def test_dedup_window_refuses_a_ttl_shorter_than_the_redeliveries(
+    env: Env, store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ttl 60 s against max_deliveries (3) x ack_wait (30 s) = 90 s: refused; a ttl
+    that covers it starts without a word."""
+    short = onceonly.AsyncInbox(store, consumer="billing", ttl=60)
+    c = consumer(env, store, lambda p, tx: None, inbox=short, ack_wait=30, max_deliveries=3,
+                 dedup_window="refuse")  # fmt: skip
+    with pytest.raises(onceonly.ConfigurationError, match="max_deliveries x ack_wait: 90 s"):
+        await asyncio.wait_for(c.run(), 10)
+    caplog.set_level("WARNING", logger="onceonly.brokers.nats")
+    long = onceonly.AsyncInbox(store, consumer="billing", ttl=120)
+    c = consumer(env, store, lambda p, tx: None, inbox=long, ack_wait=30, max_deliveries=3)
+    task = asyncio.ensure_future(c.run())
+    await asyncio.sleep(0.5)
+    await c.stop()
+    await asyncio.wait_for(task, 10)
+    assert not [r for r in caplog.records if "redelivery horizon" in r.getMessage()]
+
+
+async def test_dedup_window_reads_the_stream_max_age(env: Env, store: Any) -> None:
+    """A stream keeping messages 200 s: a redelivery after consumers were down can come
+    that late, later than max_deliveries x ack_wait (90 s) and the ttl (100 s)."""
+    await env.js.update_stream(name=env.stream, subjects=[env.subject], max_age=200)
+    short = onceonly.AsyncInbox(store, consumer="billing", ttl=100)
+    c = consumer(env, store, lambda p, tx: None, inbox=short, ack_wait=30, max_deliveries=3,
+                 dedup_window="refuse")  # fmt: skip
+    with pytest.raises(onceonly.ConfigurationError, match="max_age: 200 s"):
+        await asyncio.wait_for(c.run(), 10)

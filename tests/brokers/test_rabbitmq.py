@@ -806,3 +806,17 @@ async def test_stop_during_a_store_outage_hands_the_message_back_at_once(
     assert asyncio.get_running_loop().time() - stopping < 5  # not shutdown_timeout
     await until_count(broker, queue, 1)  # handed back, not acked, not dead-lettered
     assert await broker.count(f"{queue}.dead") == 0
+
+
+async def test_dedup_window_refuses_a_ttl_shorter_than_the_queue_message_ttl(
+    broker: Broker, db: Db
+) -> None:
+    """The queue this consumer declares keeps messages an hour; the inbox remembers a
+    minute: refused at start."""
+    queue = broker.name()
+    c = consumer(
+        db, lambda p, tx: None, queue, inbox=db.inbox(ttl=60),
+        queue_arguments={"x-message-ttl": 3_600_000}, dedup_window="refuse",
+    )  # fmt: skip
+    with pytest.raises(onceonly.ConfigurationError, match="x-message-ttl: 3600 s"):
+        await asyncio.wait_for(c.run(), 10)

@@ -770,3 +770,27 @@ def test_message_id_keeps_valid_utf8_text(text: str) -> None:
     """A valid UTF-8 id not starting with b64: is its own message id (as bytes or str)."""
     assert _message_id(text.encode("utf-8")) == text
     assert _message_id(text) == text
+
+
+@pytest.mark.parametrize("policy", ["warn", "refuse", "off"])
+async def test_dedup_window_is_checked_at_start(
+    r: redis.asyncio.Redis, prefix: str, store: Any, policy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An inbox ttl (10 s) shorter than max_deliveries x claim_idle (3 x 30 s): warned,
+    refused, or let be, at start."""
+    inbox = onceonly.AsyncInbox(store, consumer="c", ttl=10)
+    c = consumer(
+        r, inbox, lambda p, tx: None, f"{prefix}in", claim_idle=30, max_deliveries=3,
+        dedup_window=policy,
+    )  # fmt: skip
+    caplog.set_level("WARNING", logger="onceonly.brokers.redis_streams")
+    if policy == "refuse":
+        with pytest.raises(onceonly.ConfigurationError, match="max_deliveries x claim_idle: 90 s"):
+            await asyncio.wait_for(c.run(), 10)
+        return
+    task = asyncio.ensure_future(c.run())
+    await asyncio.sleep(0.3)
+    await c.stop()
+    await asyncio.wait_for(task, 10)
+    warned = [r for r in caplog.records if "redelivery horizon" in r.getMessage()]
+    assert len(warned) == (1 if policy == "warn" else 0)

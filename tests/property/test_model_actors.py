@@ -111,9 +111,12 @@ SOAK_STEPS = int(os.environ.get("ONCEONLY_SOAK_STEPS", "10000"))
 # or SOAK_ROUNDS rounds.
 SOAK_ROUNDS = 10
 if SOAK:
-    EXAMPLES, STEPS_PER_EXAMPLE = {"memory": 1500, "sqlite": 1000, "postgres": 400}, 60
+    EXAMPLES, STEPS_PER_EXAMPLE = (
+        {"memory": 1500, "sqlite": 1000, "postgres": 400, "pgpart": 400},
+        60,
+    )
 else:
-    EXAMPLES, STEPS_PER_EXAMPLE = {"memory": 300, "sqlite": 300, "postgres": 250}, 40
+    EXAMPLES, STEPS_PER_EXAMPLE = {"memory": 300, "sqlite": 300, "postgres": 250, "pgpart": 150}, 40
 POLICY = Policy(LEASE, MAX_ATTEMPTS)
 # Without the "explain" phase: it traces every line (slow before Python 3.12) only to
 # annotate a counterexample that is already short.
@@ -579,7 +582,7 @@ class ActorsMachine(RuleBasedStateMachine):
 @pytest.fixture(params=list(HARNESSES))
 def kind(request: pytest.FixtureRequest) -> str:
     name: str = request.param
-    if name == "postgres":
+    if name in ("postgres", "pgpart"):
         require_postgres()  # unreachable server: skip locally, FAIL in CI
     return name
 

@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from onceonly._core import window
 from onceonly._core.keys import content_key, validate_key
 from onceonly._core.settle import (
     ACK,
@@ -194,6 +195,10 @@ class Deliveries:
             ``max_attempts`` + :data:`DELIVERY_MARGIN`.
         backoff: retry delays.
         logger: the consumer's logger.
+        dedup_window: at start, when the consumer can read the broker's redelivery
+            horizon and the inbox's ttl is shorter: ``"warn"`` (log a warning),
+            ``"refuse"`` (raise :class:`ConfigurationError`) or ``"off"``
+            (:mod:`onceonly._core.window`).
     """
 
     def __init__(
@@ -205,7 +210,9 @@ class Deliveries:
         max_deliveries: int | None,
         backoff: Backoff,
         logger: logging.Logger,
+        dedup_window: str = "warn",
     ) -> None:
+        self.dedup_window = window.check_policy(dedup_window)
         if max_deliveries is None:
             max_deliveries = default_max_deliveries(inbox)
         if max_deliveries < 1:
@@ -222,6 +229,16 @@ class Deliveries:
 
     def jitter(self) -> float:
         return self._random.random()
+
+    def check_window(self, bounds: list[window.Bound], where: str) -> None:
+        """Hold the inbox's ttl against the broker's redelivery ``bounds`` (at start)."""
+        window.enforce(self.dedup_window, self.inbox.ttl, bounds, self.log, where)
+
+    def redeliveries_bound(self, wait: float, what: str) -> window.Bound:
+        """The bound of this consumer's own poison rule: ``max_deliveries`` deliveries,
+        each at most ``wait`` (or the longest backoff) after the previous one."""
+        each = max(wait, self.backoff.cap)
+        return window.Bound(f"max_deliveries x {what}", self.max_deliveries * each)
 
     def delay(self, attempt: int) -> float:
         """A jittered backoff delay for retry number ``attempt``."""

@@ -68,6 +68,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from onceonly._core.settle import Action, Backoff, header_text
 from onceonly._core.urls import redact_url
+from onceonly._core.window import Bound
 from onceonly.brokers._consumer import (
     Deliveries,
     Handler,
@@ -355,6 +356,9 @@ class NatsConsumer:
             waits for the fetch in progress).
         publish_timeout: seconds to wait for the dead-letter PubAck.
         shutdown_timeout: seconds ``stop()`` waits for running handlers.
+        dedup_window: at start, when the inbox's ttl is shorter than the redelivery
+            horizon the consumer can read: ``"warn"``, ``"refuse"`` (raise
+            :class:`~onceonly.ConfigurationError`) or ``"off"``.
         connect_options: keyword options for ``nats.connect``.
 
     .. versionadded:: 0.1
@@ -383,6 +387,7 @@ class NatsConsumer:
         publish_timeout: float = 5.0,
         shutdown_timeout: float = 30.0,
         connect_options: Mapping[str, Any] | None = None,
+        dedup_window: str = "warn",
     ) -> None:
         if (url is None) == (connection is None):
             raise ConfigurationError("pass exactly one of url= or connection=")
@@ -421,6 +426,7 @@ class NatsConsumer:
             max_deliveries=max_deliveries,
             backoff=Backoff(retry_delay, max_backoff),
             logger=log,
+            dedup_window=dedup_window,
         )
         self.max_deliveries = self._deliveries.max_deliveries
         self.poll_timeout = poll_timeout
@@ -547,6 +553,7 @@ class NatsConsumer:
             )
         if existing.ack_wait:
             self._heartbeat = float(existing.ack_wait) / 3
+        await self._check_window(js, existing)
         await self._ensure_dead_letter_stream(js)
         log.info(
             "consuming %s from stream %s as %s (dead letters to %s)",
@@ -555,6 +562,21 @@ class NatsConsumer:
             self.durable,
             self.dead_letter,
         )
+
+    async def _check_window(self, js: JetStreamContext, config: api.ConsumerConfig) -> None:
+        """The inbox ttl against the stream's max_age and the redeliveries' span."""
+        bounds = []
+        stream = await js.stream_info(self.stream)
+        if stream.config.max_age:
+            bounds.append(Bound(f"stream {self.stream} max_age", float(stream.config.max_age)))
+        bound = self._deliveries.redeliveries_bound(float(config.ack_wait or 0), "ack_wait")
+        if config.max_deliver and config.max_deliver > 0:
+            each = bound.seconds / self.max_deliveries
+            bound = Bound(
+                "max_deliver x ack_wait", min(config.max_deliver, self.max_deliveries) * each
+            )
+        bounds.append(bound)
+        self._deliveries.check_window(bounds, f"durable {self.durable} on {self.stream}")
 
     async def _ensure_dead_letter_stream(self, js: JetStreamContext) -> None:
         try:

@@ -69,6 +69,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from onceonly._core.settle import Action, Backoff, header_text
+from onceonly._core.window import Bound
 from onceonly.brokers._consumer import (
     Deliveries,
     Handler,
@@ -314,6 +315,9 @@ class RabbitMQConsumer:
         max_backoff: the longest such delay.
         publish_timeout: seconds to wait for the dead-letter publish's confirmation.
         shutdown_timeout: seconds ``stop()`` waits for running handlers.
+        dedup_window: at start, when the inbox's ttl is shorter than the redelivery
+            horizon the consumer can read: ``"warn"``, ``"refuse"`` (raise
+            :class:`~onceonly.ConfigurationError`) or ``"off"``.
 
     .. versionadded:: 0.1
     """
@@ -339,6 +343,7 @@ class RabbitMQConsumer:
         max_backoff: float = 5.0,
         publish_timeout: float = 10.0,
         shutdown_timeout: float = 30.0,
+        dedup_window: str = "warn",
     ) -> None:
         if (url is None) == (connection is None):
             raise ConfigurationError("pass exactly one of url= or connection=")
@@ -367,6 +372,7 @@ class RabbitMQConsumer:
             max_deliveries=max_deliveries,
             backoff=Backoff(retry_delay, max_backoff),
             logger=log,
+            dedup_window=dedup_window,
         )
         self.max_deliveries = self._deliveries.max_deliveries
         self.publish_timeout = publish_timeout
@@ -452,6 +458,14 @@ class RabbitMQConsumer:
         if task is not None:
             await task  # re-raises a lost connection
 
+    def _check_window(self) -> None:
+        """The inbox ttl against the queue's message TTL, when this consumer declared it
+        (a policy set on the server is not visible over AMQP: ``onceonly doctor``)."""
+        ttl_ms = self.queue_arguments.get("x-message-ttl")
+        if self.declare and isinstance(ttl_ms, (int, float)) and ttl_ms > 0:
+            bound = Bound(f"queue {self.queue} x-message-ttl", ttl_ms / 1000)
+            self._deliveries.check_window([bound], f"queue {self.queue}")
+
     async def _start(self) -> None:
         if self._connection is None or self._connection.is_closed:
             assert self.url is not None
@@ -479,6 +493,7 @@ class RabbitMQConsumer:
             if self.dead_letter_exchange
             else self._dl_channel.default_exchange
         )
+        self._check_window()
         self._accepting = True
         self._consumer_tag = await self._queue.consume(self._on_message, no_ack=False)
         log.info("consuming %s (dead letters to %s)", self.queue, self.dead_letter)

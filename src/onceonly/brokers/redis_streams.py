@@ -352,6 +352,9 @@ class RedisStreamsConsumer:
             payload field name or a callable.
         dead_letter: the dead-letter stream (default ``"<stream>.dead"``).
         shutdown_timeout: seconds ``stop()`` waits for running handlers.
+        dedup_window: at start, when the inbox's ttl is shorter than the redelivery
+            horizon (``max_deliveries`` x ``claim_idle``): ``"warn"``, ``"refuse"`` (raise
+            :class:`~onceonly.ConfigurationError`) or ``"off"``.
         **options: passed to ``redis.asyncio.Redis.from_url`` with ``url``.
 
     An entry without a ``payload`` field is read as the JSON object of its other fields.
@@ -380,6 +383,7 @@ class RedisStreamsConsumer:
         message_id: MessageIds | str | Callable[[Any], str] | None = None,
         dead_letter: str | None = None,
         shutdown_timeout: float = 30.0,
+        dedup_window: str = "warn",
         **options: Any,
     ) -> None:
         if not stream or not group:
@@ -408,6 +412,7 @@ class RedisStreamsConsumer:
             max_deliveries=max_deliveries,
             backoff=Backoff(retry_delay, self.max_backoff),
             logger=log,
+            dedup_window=dedup_window,
         )
         self.max_deliveries = self._deliveries.max_deliveries
         self.dead_letter = dead_letter or f"{stream}.dead"
@@ -452,6 +457,10 @@ class RedisStreamsConsumer:
             if self._stop.is_set():
                 return  # stopped before it started
             await self.ensure_group()
+            self._deliveries.check_window(
+                [self._deliveries.redeliveries_bound(self.claim_idle, "claim_idle")],
+                f"stream {self.stream} group {self.group}",
+            )
             heartbeat = asyncio.ensure_future(self._heartbeat_loop())
             await self._read_loop()
             await self._tracker.drain(self.shutdown_timeout)

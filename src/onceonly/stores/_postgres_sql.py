@@ -11,6 +11,7 @@ that reading (:func:`_written`), exactly as PostgreSQL computed it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -152,12 +153,13 @@ class _Statements:
     update: _Statement
     renew: _Statement
     checkpoint: _Statement
+    #: The time-partitioned layout (``_postgres_partitioned``): its claim and insert take
+    #: ``(scope, key, *values)`` and no ``ON CONFLICT`` arbiter exists.
+    partitioned: bool = False
 
     @classmethod
     def for_table(cls, table: str) -> _Statements:
-        def render(template: str) -> bytes:
-            # Only the validated table name is interpolated; values are always bound.
-            return sql.SQL(template).format(t=sql.Identifier(table)).as_string().encode()
+        render = functools.partial(_render, table)
 
         def both(build: Callable[[str], str]) -> _Statement:
             return _Statement(
@@ -175,6 +177,12 @@ class _Statements:
             renew=both(_renew),
             checkpoint=both(_checkpoint),
         )
+
+
+def _render(table: str, template: str) -> bytes:
+    """``template`` with ``{t}`` as the table (only the validated name is interpolated;
+    values are always bound)."""
+    return sql.SQL(template).format(t=sql.Identifier(table)).as_string().encode()
 
 
 _BEGIN = b"BEGIN"
@@ -256,37 +264,44 @@ def _updated(scope: str, key: str, write: Write, row: Sequence[Any]) -> Record:
     return record
 
 
+# The records table's columns (the plain and the partitioned layout share them).
+_COLUMNS_DDL = (
+    " scope text NOT NULL,"
+    " key text NOT NULL,"
+    " state text NOT NULL CONSTRAINT {check} CHECK"
+    " (state IN ('in_progress', 'completed', 'failed', 'dead')),"
+    " fingerprint text,"
+    " token bigint NOT NULL,"
+    " attempts integer NOT NULL DEFAULT 0,"
+    " lease_until timestamptz,"
+    " result text,"
+    " error text,"
+    " payload text,"
+    " checkpoint text,"
+    " created_at timestamptz NOT NULL DEFAULT clock_timestamp(),"
+    " updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),"
+    " completed_at timestamptz,"
+    " expires_at timestamptz,"
+)
+
+
+def _expiry_index(table: str) -> sql.Composed:
+    # Retention finds expired (completed) records: "expires_at < now" implies the
+    # predicate. Partial, so a claim (in_progress, no expiry) adds no entry to it.
+    return sql.SQL(
+        "CREATE INDEX IF NOT EXISTS {} ON {} (expires_at) WHERE expires_at IS NOT NULL"
+    ).format(sql.Identifier(f"{table}_expires"[:63]), sql.Identifier(table))
+
+
 def _records_ddl(table: str) -> list[sql.Composed]:
     """The records table and its expiry index (``migrate`` runs them in its transaction)."""
     t = sql.Identifier(table)
-    index = sql.Identifier(f"{table}_expires"[:63])
     check = sql.Identifier(f"{table}_state_check"[:63])
     return [
         sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {t} ("
-            " scope text NOT NULL,"
-            " key text NOT NULL,"
-            " state text NOT NULL CONSTRAINT {check} CHECK"
-            " (state IN ('in_progress', 'completed', 'failed', 'dead')),"
-            " fingerprint text,"
-            " token bigint NOT NULL,"
-            " attempts integer NOT NULL DEFAULT 0,"
-            " lease_until timestamptz,"
-            " result text,"
-            " error text,"
-            " payload text,"
-            " checkpoint text,"
-            " created_at timestamptz NOT NULL DEFAULT clock_timestamp(),"
-            " updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),"
-            " completed_at timestamptz,"
-            " expires_at timestamptz,"
-            " PRIMARY KEY (scope, key))"
+            "CREATE TABLE IF NOT EXISTS {t} (" + _COLUMNS_DDL + " PRIMARY KEY (scope, key))"
         ).format(t=t, check=check),
-        # Retention finds expired (completed) records: "expires_at < now" implies the
-        # predicate. Partial, so a claim (in_progress, no expiry) adds no entry to it.
-        sql.SQL(
-            "CREATE INDEX IF NOT EXISTS {} ON {} (expires_at) WHERE expires_at IS NOT NULL"
-        ).format(index, t),
+        _expiry_index(table),
     ]
 
 

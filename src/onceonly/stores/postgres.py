@@ -39,6 +39,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from datetime import timedelta
 from typing import Any
 
 try:
@@ -60,11 +61,14 @@ from onceonly.errors import (
     StoreUnavailable,
 )
 from onceonly.stores._postgres_conninfo import _conninfo, _describe, _is_local, _libpq_seconds
+from onceonly.stores._postgres_partitioned import check_period, check_table, records_ddl
+from onceonly.stores._postgres_partitioned import statements as partitioned_statements
 from onceonly.stores._postgres_sql import (
     _lock_timeout,
     _records_ddl,
     _Statements,
 )
+from onceonly.stores.postgres_partitions import PostgresPartitions
 from onceonly.stores.postgres_session import (
     _AUTOCOMMIT,
     _IDLE,
@@ -249,25 +253,72 @@ class PostgresStore:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def migrate(self) -> None:
+    def migrate(
+        self, *, partitioned: bool = False, period: timedelta = timedelta(days=1), ahead: int = 3
+    ) -> None:
         """Create the records table, its index, the outbox table and their schema rows.
 
         Safe to repeat and to run from several processes at once (the migration holds a
         transaction-scoped advisory lock).
+
+        With ``partitioned=True`` a new records table is partitioned by time
+        (:attr:`partitions` drops old partitions instead of deleting rows): partitions
+        of ``period``, the current one and ``ahead`` more are created now; run
+        ``store.partitions.ensure()`` (``onceonly records partitions --ensure``) from cron
+        to keep creating them. An existing table keeps its layout; asking to partition an
+        existing plain table raises :class:`ConfigurationError`.
 
         Raises:
             ConfigurationError: the table was created by a newer onceonly.
             StoreUnavailable: PostgreSQL cannot be reached.
             StoreError: any other database error (e.g. missing privileges).
         """
+        if partitioned:
+            check_table(self.table)
+            check_period(period)
         with _DriverErrors():
             connection = self._connection(autocommit=True)
-            with connection as conn, conn.transaction():
-                self._create_tables(conn)
+            with connection as conn:
+                with conn.transaction():
+                    self._create_tables(conn, partitioned)
+                if self._detect_layout(conn) and partitioned:
+                    with conn.transaction():
+                        PostgresPartitions(self)._ensure(conn, period, ahead)
 
-    def _create_tables(self, conn: psycopg.Connection[Any]) -> None:
+    @property
+    def partitions(self) -> PostgresPartitions:
+        """Partition maintenance (a table made by ``migrate(partitioned=True)``).
+
+        .. versionadded:: 0.3
+        """
+        return PostgresPartitions(self)
+
+    def _detect_layout(self, conn: psycopg.Connection[Any]) -> bool:
+        """Use the statements of the table's layout; whether it is partitioned."""
+        cur = conn.execute(
+            "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
+            (sql.Identifier(self.table).as_string(),),
+        )
+        row = cur.fetchone()
+        partitioned = row is not None and row[0] == "p"
+        if partitioned != self._statements.partitioned:
+            self._statements = (
+                partitioned_statements(self.table)
+                if partitioned
+                else _Statements.for_table(self.table)
+            )
+        return partitioned
+
+    def _create_tables(self, conn: psycopg.Connection[Any], partitioned: bool) -> None:
         """The DDL of :meth:`migrate`, inside its transaction."""
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+        exists = self._detect_layout(conn) or self._table_exists(conn)
+        if partitioned and exists and not self._statements.partitioned:
+            raise ConfigurationError(
+                f"table {self.table!r} exists and is not partitioned; onceonly does not "
+                "convert a table: migrate a new table with partitioned=True, or keep this "
+                "one and purge it (onceonly.Admin(store).purge())"
+            )
         conn.execute(
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} "
@@ -286,7 +337,8 @@ class PostgresStore:
                 f"table {self.table!r} has schema version {row[0]}; this onceonly "
                 f"knows up to {SCHEMA_VERSION}: upgrade onceonly"
             )
-        for ddl in _records_ddl(self.table):
+        layout = partitioned or self._statements.partitioned
+        for ddl in records_ddl(self.table) if layout else _records_ddl(self.table):
             conn.execute(ddl)
         record_version = sql.SQL(
             "INSERT INTO {} (component, version) VALUES (%s, %s) "
@@ -298,6 +350,13 @@ class PostgresStore:
             for outbox_ddl in OutboxSQL(self.dialect, self.outbox_table).migrate():
                 conn.execute(outbox_ddl)
             conn.execute(record_version, (f"outbox:{self.outbox_table}", OUTBOX_SCHEMA_VERSION))
+
+    def _table_exists(self, conn: psycopg.Connection[Any]) -> bool:
+        cur = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (sql.Identifier(self.table).as_string(),)
+        )
+        row = cur.fetchone()
+        return bool(row and row[0])
 
     def schema_version(self) -> int | None:
         """The recorded schema version of this store's table, or ``None`` before migrate()."""
@@ -341,6 +400,9 @@ class PostgresStore:
                 raise StoreUnavailable(self._why_unreachable()) from None
             raise
         self._connected_once = True
+        if conn.autocommit:  # a pool of the caller's may hand out a non-autocommit one
+            with _DriverErrors():
+                self._detect_layout(conn)
         return conn
 
     def _why_unreachable(self) -> str:

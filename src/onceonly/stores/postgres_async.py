@@ -38,6 +38,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 try:
@@ -59,11 +60,14 @@ from onceonly.errors import (
     StoreUnavailable,
 )
 from onceonly.stores._postgres_conninfo import _conninfo, _describe, _is_local, _libpq_seconds
+from onceonly.stores._postgres_partitioned import check_period, check_table, records_ddl
+from onceonly.stores._postgres_partitioned import statements as partitioned_statements
 from onceonly.stores._postgres_sql import (
     _lock_timeout,
     _records_ddl,
     _Statements,
 )
+from onceonly.stores.postgres_partitions_async import AsyncPostgresPartitions
 from onceonly.stores.postgres_session_async import (
     _AUTOCOMMIT,
     _IDLE,
@@ -249,25 +253,72 @@ class AsyncPostgresStore:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def migrate(self) -> None:
+    async def migrate(
+        self, *, partitioned: bool = False, period: timedelta = timedelta(days=1), ahead: int = 3
+    ) -> None:
         """Create the records table, its index, the outbox table and their schema rows.
 
         Safe to repeat and to run from several processes at once (the migration holds a
         transaction-scoped advisory lock).
+
+        With ``partitioned=True`` a new records table is partitioned by time
+        (:attr:`partitions` drops old partitions instead of deleting rows): partitions
+        of ``period``, the current one and ``ahead`` more are created now; run
+        ``store.partitions.ensure()`` (``onceonly records partitions --ensure``) from cron
+        to keep creating them. An existing table keeps its layout; asking to partition an
+        existing plain table raises :class:`ConfigurationError`.
 
         Raises:
             ConfigurationError: the table was created by a newer onceonly.
             StoreUnavailable: PostgreSQL cannot be reached.
             StoreError: any other database error (e.g. missing privileges).
         """
+        if partitioned:
+            check_table(self.table)
+            check_period(period)
         with _DriverErrors():
             connection = self._connection(autocommit=True)
-            async with connection as conn, conn.transaction():
-                await self._create_tables(conn)
+            async with connection as conn:
+                async with conn.transaction():
+                    await self._create_tables(conn, partitioned)
+                if await self._detect_layout(conn) and partitioned:
+                    async with conn.transaction():
+                        await AsyncPostgresPartitions(self)._ensure(conn, period, ahead)
 
-    async def _create_tables(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    @property
+    def partitions(self) -> AsyncPostgresPartitions:
+        """Partition maintenance (a table made by ``migrate(partitioned=True)``).
+
+        .. versionadded:: 0.3
+        """
+        return AsyncPostgresPartitions(self)
+
+    async def _detect_layout(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Use the statements of the table's layout; whether it is partitioned."""
+        cur = await conn.execute(
+            "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
+            (sql.Identifier(self.table).as_string(),),
+        )
+        row = await cur.fetchone()
+        partitioned = row is not None and row[0] == "p"
+        if partitioned != self._statements.partitioned:
+            self._statements = (
+                partitioned_statements(self.table)
+                if partitioned
+                else _Statements.for_table(self.table)
+            )
+        return partitioned
+
+    async def _create_tables(self, conn: psycopg.AsyncConnection[Any], partitioned: bool) -> None:
         """The DDL of :meth:`migrate`, inside its transaction."""
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+        exists = await self._detect_layout(conn) or await self._table_exists(conn)
+        if partitioned and exists and not self._statements.partitioned:
+            raise ConfigurationError(
+                f"table {self.table!r} exists and is not partitioned; onceonly does not "
+                "convert a table: migrate a new table with partitioned=True, or keep this "
+                "one and purge it (onceonly.Admin(store).purge())"
+            )
         await conn.execute(
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} "
@@ -286,7 +337,8 @@ class AsyncPostgresStore:
                 f"table {self.table!r} has schema version {row[0]}; this onceonly "
                 f"knows up to {SCHEMA_VERSION}: upgrade onceonly"
             )
-        for ddl in _records_ddl(self.table):
+        layout = partitioned or self._statements.partitioned
+        for ddl in records_ddl(self.table) if layout else _records_ddl(self.table):
             await conn.execute(ddl)
         record_version = sql.SQL(
             "INSERT INTO {} (component, version) VALUES (%s, %s) "
@@ -300,6 +352,13 @@ class AsyncPostgresStore:
             await conn.execute(
                 record_version, (f"outbox:{self.outbox_table}", OUTBOX_SCHEMA_VERSION)
             )
+
+    async def _table_exists(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        cur = await conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (sql.Identifier(self.table).as_string(),)
+        )
+        row = await cur.fetchone()
+        return bool(row and row[0])
 
     async def schema_version(self) -> int | None:
         """The recorded schema version of this store's table, or ``None`` before migrate()."""
@@ -345,6 +404,9 @@ class AsyncPostgresStore:
                 raise StoreUnavailable(await self._why_unreachable()) from None
             raise
         self._connected_once = True
+        if conn.autocommit:  # a pool of the caller's may hand out a non-autocommit one
+            with _DriverErrors():
+                await self._detect_layout(conn)
         return conn
 
     async def _why_unreachable(self) -> str:

@@ -28,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from onceonly._core.sql import qmark_to_format
 from onceonly._core.state import Expect, Record, Write
 from onceonly.errors import (
+    ConfigurationError,
     InFlight,
     NotMigrated,
     StoreError,
@@ -107,6 +108,8 @@ class _DriverErrors:
                 scope=scope,
                 key=key,
             )
+        if isinstance(exc, psycopg.errors.FeatureNotSupported) and "onceonly" in str(exc):
+            return ConfigurationError(exc.diag.message_primary or str(exc), scope=scope, key=key)
         if isinstance(exc, psycopg.OperationalError):
             # Connection lost or refused, pool timeout, admin shutdown, statement
             # timeout, serialization failure, deadlock: all worth a retry.
@@ -255,7 +258,8 @@ class PostgresSession:
         the same key, then raises :class:`~onceonly.InFlight`; when that claim commits,
         its record is returned.
         """
-        params = (*_write_values(scope, key, write), scope, key)
+        values = _write_values(scope, key, write)
+        params = (scope, key, *values) if self._q.partitioned else (*values, scope, key)
         for _ in range(_CLAIM_RACE_RETRIES):
             cur = self._run(self._q.claim, params, scope, key)
             row = cur.fetchone()
@@ -299,7 +303,9 @@ class PostgresSession:
 
     def insert(self, scope: str, key: str, write: Write) -> Record | None:
         """Insert ``write`` if ``(scope, key)`` is absent; else ``None``."""
-        cur = self._run(self._q.insert, _write_values(scope, key, write), scope, key)
+        values = _write_values(scope, key, write)
+        params = (scope, key, *values) if self._q.partitioned else values
+        cur = self._run(self._q.insert, params, scope, key)
         row = cur.fetchone()
         if row is None or row[0] is None:
             return None

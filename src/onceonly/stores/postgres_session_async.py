@@ -27,6 +27,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from onceonly._core.sql import qmark_to_format
 from onceonly._core.state import Expect, Record, Write
 from onceonly.errors import (
+    ConfigurationError,
     InFlight,
     NotMigrated,
     StoreError,
@@ -106,6 +107,8 @@ class _DriverErrors:
                 scope=scope,
                 key=key,
             )
+        if isinstance(exc, psycopg.errors.FeatureNotSupported) and "onceonly" in str(exc):
+            return ConfigurationError(exc.diag.message_primary or str(exc), scope=scope, key=key)
         if isinstance(exc, psycopg.OperationalError):
             # Connection lost or refused, pool timeout, admin shutdown, statement
             # timeout, serialization failure, deadlock: all worth a retry.
@@ -254,7 +257,8 @@ class AsyncPostgresSession:
         the same key, then raises :class:`~onceonly.InFlight`; when that claim commits,
         its record is returned.
         """
-        params = (*_write_values(scope, key, write), scope, key)
+        values = _write_values(scope, key, write)
+        params = (scope, key, *values) if self._q.partitioned else (*values, scope, key)
         for _ in range(_CLAIM_RACE_RETRIES):
             cur = await self._run(self._q.claim, params, scope, key)
             row = await cur.fetchone()
@@ -298,7 +302,9 @@ class AsyncPostgresSession:
 
     async def insert(self, scope: str, key: str, write: Write) -> Record | None:
         """Insert ``write`` if ``(scope, key)`` is absent; else ``None``."""
-        cur = await self._run(self._q.insert, _write_values(scope, key, write), scope, key)
+        values = _write_values(scope, key, write)
+        params = (scope, key, *values) if self._q.partitioned else values
+        cur = await self._run(self._q.insert, params, scope, key)
         row = await cur.fetchone()
         if row is None or row[0] is None:
             return None
