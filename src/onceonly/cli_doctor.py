@@ -6,8 +6,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from onceonly.cli_records import parse_duration
-from onceonly.doctor import Finding, broker_scheme, check_nats, check_redis, check_store
+from onceonly.cli_records import _positive, parse_duration
+from onceonly.doctor import (
+    Finding,
+    broker_scheme,
+    check_nats,
+    check_pool,
+    check_redis,
+    check_store,
+)
 
 __all__ = ["configure_doctor", "run_doctor"]
 
@@ -27,6 +34,18 @@ def configure_doctor(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--stream", help="NATS: the JetStream stream the consumer reads")
     parser.add_argument("--consumer", help="NATS: the durable consumer name")
+    parser.add_argument(
+        "--concurrency",
+        type=_positive,
+        default=None,
+        help="the handlers your consumers run at once (checked against the pool size)",
+    )
+    parser.add_argument(
+        "--pool-size",
+        type=_positive,
+        default=None,
+        help="with --concurrency: your store's pool max_size (default: this store's, 10)",
+    )
 
 
 def _check_broker(broker: str, args: argparse.Namespace) -> list[Finding]:
@@ -59,6 +78,8 @@ def run_doctor(args: argparse.Namespace) -> int:
     store = open_store(args.url, **({"table": args.table} if args.table else {}))
     try:
         findings += check_store(store)
+        if args.concurrency is not None:
+            findings += check_pool(store, args.concurrency, args.pool_size)
     finally:
         store.close()
     for broker in args.broker:

@@ -14,6 +14,8 @@ Each check returns :class:`Finding` objects saying what is wrong and what to do:
   relay's ``LISTEN`` wake-ups are lost;
 * Redis evicts keys under memory pressure (``maxmemory-policy`` other than
   ``noeviction``): records or stream entries can vanish;
+* the consumers run more handlers at once than the store's pool has connections
+  (atomic mode holds one connection per message: the rest wait, then time out);
 * the inbox TTL is shorter than a NATS JetStream consumer's redelivery horizon
   (``max_deliver * ack_wait``) or its stream's ``max_age``: a late redelivery would run
   the handler again.
@@ -29,7 +31,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Finding", "check_nats", "check_redis", "check_store"]
+__all__ = ["Finding", "check_nats", "check_pool", "check_redis", "check_store"]
 
 SKEW_LIMIT = 2.0  # seconds
 
@@ -114,6 +116,28 @@ def _check_postgres(store: Any) -> list[Finding]:
     else:
         out.append(_pass("pooling", "one backend per connection (no transaction pooling)"))
     return out
+
+
+def check_pool(store: Any, concurrency: int, pool_size: int | None = None) -> list[Finding]:
+    """Whether the store's pool (``pool_size``, default: the store's own ``max_size``)
+    has a connection for each of ``concurrency`` handlers running at once."""
+    if pool_size is None:
+        pool = getattr(store, "_pool", None)
+        pool_size = getattr(pool, "max_size", None)
+    if pool_size is None:
+        return [_pass("pool", "the store has no connection pool (one connection per use)")]
+    if concurrency > pool_size:
+        return [
+            Finding(
+                "pool",
+                f"consumers run {concurrency} handlers at once but the store's pool has"
+                f" {pool_size} connections: in atomic mode each message holds one, so the"
+                " rest wait for a connection and can time out",
+                f"raise the pool's max_size to at least {concurrency}, or lower the"
+                " consumers' concurrency",
+            )
+        ]
+    return [_pass("pool", f"pool of {pool_size} for {concurrency} concurrent handlers")]
 
 
 def check_redis(url: str) -> list[Finding]:

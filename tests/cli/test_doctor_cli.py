@@ -155,3 +155,19 @@ def test_unreachable_broker_is_a_finding(tmp_path: Path) -> None:
     done = onceonly_cli("doctor", "--url", url, "--broker", dead, "--broker", "amqp://x")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "could not check redis://" in done.stdout and "no checks for amqp://" in done.stdout
+
+
+def test_pool_smaller_than_the_consumers_concurrency(pg_store_factory: StoreFactory) -> None:
+    """--concurrency above the pool's max_size (this store's 10, or --pool-size) fails."""
+    store = pg_store_factory()
+    store.migrate()
+    url, table = pg_store_factory.url, pg_store_factory.table
+    common = ("doctor", "--url", url, "--table", table)
+    done = onceonly_cli(*common, "--concurrency", "16")
+    assert done.returncode == 1, done.stdout
+    assert "FAIL  pool: consumers run 16 handlers at once" in done.stdout
+    assert "max_size to at least 16" in done.stdout
+    done = onceonly_cli(*common, "--concurrency", "16", "--pool-size", "32")
+    assert done.returncode == 0, done.stdout
+    assert "ok    pool: pool of 32 for 16 concurrent handlers" in done.stdout
+    assert onceonly_cli(*common, "--concurrency", "0").returncode == 2
