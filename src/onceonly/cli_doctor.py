@@ -24,7 +24,10 @@ def configure_doctor(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="the store URL (sqlite:///…, postgresql://…)")
     parser.add_argument("--table", help="the records table (default: onceonly_records)")
     parser.add_argument(
-        "--broker", action="append", default=[], help="a broker URL to check (redis://, nats://)"
+        "--broker",
+        action="append",
+        default=[],
+        help="a broker URL to check (redis://, nats://, amqp://)",
     )
     parser.add_argument(
         "--ttl",
@@ -34,6 +37,12 @@ def configure_doctor(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--stream", help="NATS: the JetStream stream the consumer reads")
     parser.add_argument("--consumer", help="NATS: the durable consumer name")
+    parser.add_argument("--queue", help="RabbitMQ: the queue the consumer reads")
+    parser.add_argument(
+        "--rabbitmq-api",
+        help="RabbitMQ: the management API URL (default: the AMQP host, port 15672, the"
+        " AMQP credentials)",
+    )
     parser.add_argument(
         "--concurrency",
         type=_positive,
@@ -57,6 +66,14 @@ def _check_broker(broker: str, args: argparse.Namespace) -> list[Finding]:
             if not args.stream:
                 return [Finding("nats", "cannot check NATS without --stream", "pass --stream")]
             return check_nats(broker, args.stream, args.consumer, args.ttl)
+        if scheme in ("amqp", "amqps"):
+            if not args.queue:
+                return [
+                    Finding("rabbitmq", "cannot check RabbitMQ without --queue", "pass --queue")
+                ]
+            from onceonly.doctor_rabbitmq import check_rabbitmq
+
+            return check_rabbitmq(broker, args.queue, args.ttl, api=args.rabbitmq_api)
     except ImportError as exc:
         return [Finding(scheme, f"the client library is missing ({exc})", "install the extra")]
     except Exception as exc:  # any client error: report it as a finding, never a traceback
@@ -67,7 +84,9 @@ def _check_broker(broker: str, args: argparse.Namespace) -> list[Finding]:
                 "check the URL, the stream and consumer names, and that the broker is up",
             )
         ]
-    return [Finding("broker", f"no checks for {scheme}:// brokers", "use redis:// or nats://")]
+    return [
+        Finding("broker", f"no checks for {scheme}:// brokers", "use redis://, nats:// or amqp://")
+    ]
 
 
 def run_doctor(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,9 +154,9 @@ def test_unreachable_broker_is_a_finding(tmp_path: Path) -> None:
     store.migrate()
     store.close()
     dead = f"redis://127.0.0.1:{_free_port()}/0"
-    done = onceonly_cli("doctor", "--url", url, "--broker", dead, "--broker", "amqp://x")
+    done = onceonly_cli("doctor", "--url", url, "--broker", dead, "--broker", "kafka://x")
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "could not check redis://" in done.stdout and "no checks for amqp://" in done.stdout
+    assert "could not check redis://" in done.stdout and "no checks for kafka://" in done.stdout
 
 
 def test_pool_smaller_than_the_consumers_concurrency(pg_store_factory: StoreFactory) -> None:
@@ -171,3 +173,64 @@ def test_pool_smaller_than_the_consumers_concurrency(pg_store_factory: StoreFact
     assert done.returncode == 0, done.stdout
     assert "ok    pool: pool of 32 for 16 concurrent handlers" in done.stdout
     assert onceonly_cli(*common, "--concurrency", "0").returncode == 2
+
+
+def _management(method: str, path: str, body: Any = None) -> None:
+    import base64
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"http://127.0.0.1:15672{path}",
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={
+            "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
+            "Content-Type": "application/json",
+        },
+    )
+    urllib.request.urlopen(request, timeout=5).close()
+
+
+@pytest.fixture
+def rabbit_queues() -> Iterator[tuple[str, str, str]]:
+    """Three queues: an x-message-ttl of 1 h, a policy message-ttl of 2 h, no TTL."""
+    tag = uuid.uuid4().hex[:10]
+    names = (f"doctor-{tag}-arg", f"doctor-{tag}-policy", f"doctor-{tag}-none")
+    try:
+        _management("PUT", f"/api/queues/%2F/{names[0]}",
+                    {"durable": False, "arguments": {"x-message-ttl": 3_600_000}})  # fmt: skip
+        _management("PUT", f"/api/queues/%2F/{names[1]}", {"durable": False})
+        _management("PUT", f"/api/queues/%2F/{names[2]}", {"durable": False})
+        _management("PUT", f"/api/policies/%2F/doctor-{tag}",
+                    {"pattern": f"^{names[1]}$", "definition": {"message-ttl": 7_200_000},
+                     "apply-to": "queues"})  # fmt: skip
+    except OSError:
+        unavailable("the RabbitMQ management API at 127.0.0.1:15672")
+    try:
+        yield names
+    finally:
+        for name in names:
+            _management("DELETE", f"/api/queues/%2F/{name}")
+        _management("DELETE", f"/api/policies/%2F/doctor-{tag}")
+
+
+def test_rabbitmq_message_ttl_against_the_inbox_ttl(
+    tmp_path: Path, rabbit_queues: tuple[str, str, str]
+) -> None:
+    """A queue argument or policy keeping messages longer than the ttl is a problem."""
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    store = onceonly.open_store(url)
+    store.migrate()
+    store.close()
+    arg, policy, none = rabbit_queues
+    base = ["doctor", "--url", url, "--broker", "amqp://guest:guest@127.0.0.1:5672/"]
+    done = onceonly_cli(*base, "--queue", arg, "--ttl", "60s")
+    assert done.returncode == 1 and f"queue {arg} x-message-ttl: 3600 s" in done.stdout
+    done = onceonly_cli(*base, "--queue", policy, "--ttl", "1h")
+    assert done.returncode == 1 and "policy message-ttl: 7200 s" in done.stdout
+    done = onceonly_cli(*base, "--queue", policy, "--ttl", "2h")
+    assert done.returncode == 0, done.stdout
+    done = onceonly_cli(*base, "--queue", none, "--ttl", "60s")
+    assert done.returncode == 0 and "no message TTL" in done.stdout
+    done = onceonly_cli(*base, "--ttl", "60s")
+    assert done.returncode == 1 and "without --queue" in done.stdout
