@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [
     "src/onceonly/tx_async.py",
+    "src/onceonly/inbox_batch_async.py",
     "src/onceonly/inbox_async.py",
     "src/onceonly/leased_async.py",
     "src/onceonly/stores/postgres_session_async.py",

@@ -36,6 +36,7 @@ from onceonly.errors import (
 )
 from onceonly.inbox import Inbox, Tx
 from onceonly.inbox_async import AsyncInbox, AsyncTx
+from onceonly.inbox_batch import BatchItem
 from onceonly.keys import composite_key, content_key, time_window_key, uuid7, validate_key
 from onceonly.leased import Claim, current_claim
 from onceonly.leased_async import AsyncClaim, current_async_claim
@@ -60,6 +61,7 @@ __all__ = [
     "AsyncPublisher",
     "AsyncRelay",
     "AsyncTx",
+    "BatchItem",
     "BrokerUnavailable",
     "Claim",
     "ConfigurationError",

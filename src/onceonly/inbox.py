@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from onceonly import _acompat
@@ -46,6 +46,7 @@ from onceonly.errors import (
     TransactionEnded,
 )
 from onceonly.events import EventHook, Listener, Observation
+from onceonly.inbox_batch import BatchItem, process_batch
 from onceonly.messaging import Delivery
 from onceonly.outbox import Outbox
 from onceonly.outcome import Outcome, failure_write, new_token, replayed_result, seconds
@@ -431,6 +432,39 @@ class Inbox:
                 write.error,
                 stored.state.value,
             )
+
+    def process_batch(
+        self,
+        items: Iterable[BatchItem | Sequence[Any]],
+        handler: Callable[[Any, Tx], T],
+        *,
+        connection: Any = None,
+    ) -> list[Outcome[T]]:
+        """Process several deliveries in one transaction: one commit for all of them.
+
+        Each message runs as :meth:`process` would, in a savepoint of the batch's
+        transaction: a failing message rolls back alone, its failure is recorded, and its
+        outcome carries the error (``outcome.error``) instead of raising; the others
+        commit together at the end. Duplicates inside the batch replay the first copy.
+
+        Args:
+            items: :class:`BatchItem` or ``(key, payload[, delivery])`` tuples.
+            handler: as for :meth:`process`.
+            connection: a caller's connection already inside a transaction; the batch
+                joins it and never commits it.
+
+        Returns:
+            One :class:`Outcome` per item, in the order given.
+
+        Raises:
+            StoreUnavailable: the store went away (also inside a handler): nothing of the
+                batch committed; redeliver all of it.
+            TransactionError: a handler ended the batch's transaction (nothing committed).
+            ConfigurationError: an item is not a ``BatchItem`` or a 2- or 3-tuple.
+
+        .. versionadded:: 0.3
+        """
+        return process_batch(self, items, handler, connection=connection)
 
     def handler(
         self, *, key: Callable[[Any], str]

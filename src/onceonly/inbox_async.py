@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from onceonly import _acompat
@@ -45,6 +45,7 @@ from onceonly.errors import (
     TransactionEnded,
 )
 from onceonly.events import EventHook, Listener, Observation
+from onceonly.inbox_batch_async import BatchItem, process_batch
 from onceonly.messaging import Delivery
 from onceonly.outbox_async import AsyncOutbox
 from onceonly.outcome import Outcome, failure_write, new_token, replayed_result, seconds
@@ -430,6 +431,39 @@ class AsyncInbox:
                 write.error,
                 stored.state.value,
             )
+
+    async def process_batch(
+        self,
+        items: Iterable[BatchItem | Sequence[Any]],
+        handler: Callable[[Any, AsyncTx], Awaitable[T]],
+        *,
+        connection: Any = None,
+    ) -> list[Outcome[T]]:
+        """Process several deliveries in one transaction: one commit for all of them.
+
+        Each message runs as :meth:`process` would, in a savepoint of the batch's
+        transaction: a failing message rolls back alone, its failure is recorded, and its
+        outcome carries the error (``outcome.error``) instead of raising; the others
+        commit together at the end. Duplicates inside the batch replay the first copy.
+
+        Args:
+            items: :class:`BatchItem` or ``(key, payload[, delivery])`` tuples.
+            handler: as for :meth:`process`.
+            connection: a caller's connection already inside a transaction; the batch
+                joins it and never commits it.
+
+        Returns:
+            One :class:`Outcome` per item, in the order given.
+
+        Raises:
+            StoreUnavailable: the store went away (also inside a handler): nothing of the
+                batch committed; redeliver all of it.
+            TransactionError: a handler ended the batch's transaction (nothing committed).
+            ConfigurationError: an item is not a ``BatchItem`` or a 2- or 3-tuple.
+
+        .. versionadded:: 0.3
+        """
+        return await process_batch(self, items, handler, connection=connection)
 
     def handler(
         self, *, key: Callable[[Any], str]

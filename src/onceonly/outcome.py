@@ -32,15 +32,28 @@ class Outcome(Generic[T]):
         result: the handler's result (decoded from the store when ``replayed``).
         replayed: true when the handler did not run because the key had completed.
         key: the idempotency key.
-        attempt: the 1-based attempt that produced the result.
+        attempt: the 1-based attempt that produced the result (0 in a batch outcome
+            that carries an error).
+        error: in an outcome of ``process_batch``, the exception this message ended
+            with (the handler's, or :class:`~onceonly.PayloadMismatch`,
+            :class:`~onceonly.DeadLettered`, :class:`~onceonly.InFlight`,
+            :class:`~onceonly.InvalidKey`…); ``None`` when it ran or replayed.
+            ``process`` raises instead.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.3 ``error``.
     """
 
     result: T
     replayed: bool
     key: str
     attempt: int
+    error: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the message ran or replayed (no ``error``)."""
+        return self.error is None
 
 
 # The longest duration a store can hold as a lease or ttl (about 100 years): PostgreSQL's

@@ -52,18 +52,34 @@ def apply_write(scope: str, key: str, write: Write, now: float, old: Record | No
 
 
 class MemorySession:
-    """A session of :class:`MemoryStore`; buffered when inside a transaction."""
+    """A session of :class:`MemoryStore`; buffered when inside a transaction.
 
-    def __init__(self, store: MemoryStore, *, transactional: bool, lock_wait: float) -> None:
+    A transaction joined to another (``store.transaction(connection=session)``) is a
+    savepoint: it reads through its parent, its commit moves its writes into the
+    parent's buffer, and its rollback drops only its own; key locks belong to the
+    outermost transaction.
+    """
+
+    def __init__(
+        self,
+        store: MemoryStore,
+        *,
+        transactional: bool,
+        lock_wait: float,
+        parent: MemorySession | None = None,
+    ) -> None:
         self._store = store
         self._transactional = transactional
         self._lock_wait = lock_wait
+        self._parent = parent
         self._pending: dict[_Key, Record] = {}
         self._held: list[threading.Lock] = []
 
     @property
     def connection(self) -> Any:
-        return self._store
+        """What ``transaction(connection=…)`` joins: this transaction (autocommit: the
+        store)."""
+        return self if self._transactional else self._store
 
     def execute(self, sql: str, params: Params = None) -> Any:
         raise ConfigurationError("the memory store has no SQL; use a SQL store for tx.execute()")
@@ -75,10 +91,15 @@ class MemorySession:
     def _read(self, k: _Key) -> Record | None:
         if k in self._pending:
             return self._pending[k]
+        if self._parent is not None:
+            return self._parent._read(k)
         return self._store._records.get(k)
 
     def _lock_key(self, k: _Key) -> None:
         if not self._transactional:
+            return
+        if self._parent is not None:
+            self._parent._lock_key(k)
             return
         lock = self._store._key_lock(k)
         if lock in self._held:
@@ -155,6 +176,11 @@ class MemorySession:
 
     # -- transaction end
     def _finish(self, commit: bool) -> None:
+        if self._parent is not None:  # a savepoint: into the parent, or dropped
+            if commit:
+                self._parent._pending.update(self._pending)
+            self._pending.clear()
+            return
         try:
             if commit and self._pending:
                 with self._store._lock:
@@ -204,9 +230,14 @@ class MemoryStore:
     def transaction(
         self, connection: Any = None, *, lock_wait: float = 5.0
     ) -> Iterator[MemorySession]:
-        if connection is not None and connection is not self:
+        parent = None
+        if isinstance(connection, MemorySession) and connection._store is self:
+            if not connection._transactional:
+                raise ConfigurationError("the session is not inside a transaction")
+            parent = connection
+        elif connection is not None and connection is not self:
             raise ConfigurationError("the memory store cannot join a foreign connection")
-        session = MemorySession(self, transactional=True, lock_wait=lock_wait)
+        session = MemorySession(self, transactional=True, lock_wait=lock_wait, parent=parent)
         try:
             yield session
         except BaseException:
