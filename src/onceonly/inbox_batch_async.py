@@ -84,6 +84,9 @@ async def process_batch(
     outcomes: list[Outcome[T] | None] = [None] * len(batch)
     order = sorted(range(len(batch)), key=lambda i: str(batch[i].key))
     async with inbox.store.transaction(connection, lock_wait=inbox.wait) as outer:
+        begin = getattr(outer, "begin", None)  # PostgreSQL sends BEGIN/SAVEPOINT lazily
+        if connection is not None and begin is not None:
+            await begin()  # the batch's own savepoint first: its rollback undoes them all
         joined = outer.connection
         for i in order:
             item = batch[i]

@@ -180,6 +180,16 @@ def test_joined_to_the_callers_transaction(sql_store_factory: StoreFactory) -> N
         inbox.process_batch(items("a", "b"), lambda p, tx: 1, connection=s.connection)
     assert len(onceonly.Admin(store).list_records()) == 2
 
+    def unavailable(payload: Any, tx: onceonly.Tx) -> Any:
+        if payload["id"] == "d":
+            raise onceonly.StoreUnavailable("gone")
+        return 1
+
+    # a failed batch undoes all of its own work, even when the caller commits after
+    with store.transaction() as s, pytest.raises(onceonly.StoreUnavailable):
+        inbox.process_batch(items("c", "d"), unavailable, connection=s.connection)
+    assert len(onceonly.Admin(store).list_records()) == 2
+
 
 CRASH = """
 import os, sys

@@ -233,6 +233,14 @@ class PostgresSession:
                 conn.execute(command)
             self._cur.execute(query, params)
 
+    def begin(self) -> None:
+        """Send what opens this session now (its BEGIN or savepoint), if still pending:
+        a session that only joins others to its transaction (a batch) must have opened
+        its savepoint first, or its rollback would not undo theirs."""
+        if self._pending is not None:
+            with _DriverErrors():
+                self._open_with(None)
+
     # -- the Session contract
 
     def execute(self, sql: str, params: Params = None) -> psycopg.Cursor[Any]:

@@ -232,6 +232,14 @@ class AsyncPostgresSession:
                 await conn.execute(command)
             await self._cur.execute(query, params)
 
+    async def begin(self) -> None:
+        """Send what opens this session now (its BEGIN or savepoint), if still pending:
+        a session that only joins others to its transaction (a batch) must have opened
+        its savepoint first, or its rollback would not undo theirs."""
+        if self._pending is not None:
+            with _DriverErrors():
+                await self._open_with(None)
+
     # -- the AsyncSession contract
 
     async def execute(self, sql: str, params: Params = None) -> psycopg.AsyncCursor[Any]:
