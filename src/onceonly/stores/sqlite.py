@@ -258,6 +258,8 @@ class SQLiteStore:
         self.timeout = timeout
         self.synchronous = synchronous.upper()
         self._pool: list[sqlite3.Connection] = []
+        # The busy timeout each pooled connection has (by id): set only when it changes.
+        self._busy: dict[int, int] = {}
         self._pool_pid = os.getpid()
         self._closed = False  # connections given back after close() are closed, not kept
         self._lock = threading.Lock()
@@ -299,6 +301,7 @@ class SQLiteStore:
             )
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        self._busy.pop(id(conn), None)  # a new connection (its id may be a dead one's)
         return conn
 
     def _acquire(self) -> sqlite3.Connection:
@@ -311,13 +314,12 @@ class SQLiteStore:
         return self._connect()
 
     def _release(self, conn: sqlite3.Connection) -> None:
-        if conn.in_transaction:  # never hand out a connection with an open transaction
-            conn.close()
-            return
-        with self._lock:
-            if not self._closed and self._pool_pid == os.getpid() and len(self._pool) < 16:
-                self._pool.append(conn)
-                return
+        if not conn.in_transaction:  # never hand out a connection with an open transaction
+            with self._lock:
+                if not self._closed and self._pool_pid == os.getpid() and len(self._pool) < 16:
+                    self._pool.append(conn)
+                    return
+        self._busy.pop(id(conn), None)
         conn.close()
 
     # -- the contract
@@ -381,7 +383,10 @@ class SQLiteStore:
         conn = self._acquire()
         try:
             with _errors(begin=True):
-                conn.execute(f"PRAGMA busy_timeout = {_busy_timeout_ms(lock_wait)}")
+                busy = _busy_timeout_ms(lock_wait)
+                if self._busy.get(id(conn)) != busy:  # a statement less per transaction
+                    conn.execute(f"PRAGMA busy_timeout = {busy}")
+                    self._busy[id(conn)] = busy
                 conn.execute("BEGIN IMMEDIATE")
             session = SQLiteSession(self, conn, transactional=True)
             try:

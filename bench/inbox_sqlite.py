@@ -1,0 +1,110 @@
+# SPDX-License-Identifier: MIT
+"""``Inbox`` on SQLite against a hand-written ``sqlite3`` transaction, side by side.
+
+Each message: a new key and ONE business insert into a ledger, in one transaction.
+
+* ``inbox``: ``Inbox(open_store("sqlite:///…"))`` and ``inbox.process(key, key, handler)``;
+* ``hand``: the same file, a plain ``sqlite3`` connection with the store's settings (WAL,
+  ``synchronous=NORMAL``): ``BEGIN IMMEDIATE``, ``INSERT … ON CONFLICT DO NOTHING`` of the
+  claim, the ledger insert, ``COMMIT``;
+* ``inbox/batch``: ``inbox.process_batch`` of ``--batch`` messages.
+
+One thread (SQLite has one writer). The cases alternate in ``--slice`` second slices,
+``--rounds`` times; the medians and their ratios are printed.
+
+    .venv/bin/python bench/inbox_sqlite.py [--rounds 5] [--slice 1] [--batch 50]
+
+A benchmark, not a test: it prints numbers and exits 0 unless it fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import secrets
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import onceonly
+
+_ids = itertools.count()
+
+
+def key() -> str:
+    return f"k{next(_ids)}-{secrets.token_hex(4)}"
+
+
+def rate(seconds: float, work: Callable[[], int]) -> float:
+    done, start = 0, time.perf_counter()
+    stop = start + seconds
+    while time.perf_counter() < stop:
+        done += work()
+    return done / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--slice", type=float, default=1.0)
+    parser.add_argument("--batch", type=int, default=50)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        store = onceonly.open_store(f"sqlite:///{d}/bench.db", migrate=True)
+        with store.transaction() as s:
+            s.execute("CREATE TABLE ledger (id TEXT, amount INTEGER)")
+        inbox = onceonly.Inbox(store, "bench")
+        conn = sqlite3.connect(f"{d}/bench.db", isolation_level=None)
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute(
+            "CREATE TABLE claims (scope TEXT, key TEXT, state TEXT, token INTEGER,"
+            " completed_at REAL, PRIMARY KEY (scope, key))"
+        )
+
+        def handler(payload: Any, tx: onceonly.Tx) -> None:
+            tx.execute("INSERT INTO ledger (id, amount) VALUES (?, 1)", (payload,))
+
+        def hand() -> int:
+            k = key()
+            conn.execute("BEGIN IMMEDIATE")
+            claimed = conn.execute(
+                "INSERT INTO claims VALUES ('bench', ?, 'completed', 1, julianday('now'))"
+                " ON CONFLICT DO NOTHING",
+                (k,),
+            ).rowcount
+            if claimed:
+                conn.execute("INSERT INTO ledger (id, amount) VALUES (?, 1)", (k,))
+            conn.execute("COMMIT")
+            return 1
+
+        def one() -> int:
+            k = key()
+            inbox.process(k, k, handler)
+            return 1
+
+        def batch() -> int:
+            keys = [key() for _ in range(args.batch)]
+            return len(inbox.process_batch([(k, k) for k in keys], handler))
+
+        cases = {"hand": hand, "inbox": one, "inbox/batch": batch}
+        results: dict[str, list[float]] = {name: [] for name in cases}
+        for work in cases.values():
+            rate(0.2, work)  # warm-up
+        for _ in range(args.rounds):
+            for name, work in cases.items():
+                results[name].append(rate(args.slice, work))
+        med = {name: statistics.median(v) for name, v in results.items()}
+        print(f"{args.rounds} rounds of {args.slice:g} s per case, interleaved, one thread")
+        for name, value in med.items():
+            print(f"{name:<12}{value:>10,.0f} msg/s")
+        print(f"inbox / hand        {med['inbox'] / med['hand']:.2f}x")
+        print(f"inbox/batch / hand  {med['inbox/batch'] / med['hand']:.2f}x")
+        conn.close()
+        store.close()
+
+
+if __name__ == "__main__":
+    main()
