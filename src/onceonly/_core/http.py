@@ -86,6 +86,8 @@ NEVER_STORED_HEADERS = frozenset(
 
 # time- or credential-dependent 4xx: a retry may well succeed, so they are not replayed
 _TRANSIENT_4XX = frozenset({401, 403, 407, 408, 409, 423, 425, 429})
+# statuses without a body (and without Content-Length, RFC 9110 §8.6)
+_NO_BODY = frozenset({204, 304})
 
 
 class Requirement(str, enum.Enum):
@@ -311,6 +313,8 @@ def should_store(
     if status < 200:
         return False, f"status {status} is not stored"
     length = headers.get("content-length")
+    if status in _NO_BODY:
+        return True, None
     if length is None:
         return False, "!a streamed response (no Content-Length) is not stored"
     try:
@@ -379,11 +383,8 @@ def decode_response(record: Record) -> StoredResponse:
 
 def replay_headers(response: StoredResponse) -> list[tuple[str, str]]:
     """The headers of a replay: the stored ones, Content-Length and the replay marker."""
-    return [
-        *response.headers,
-        ("content-length", str(len(response.body))),
-        ("idempotent-replayed", "true"),
-    ]
+    length = [] if response.status in _NO_BODY else [("content-length", str(len(response.body)))]
+    return [*response.headers, *length, ("idempotent-replayed", "true")]
 
 
 def release_write(record: Record, reason: str) -> Write:
