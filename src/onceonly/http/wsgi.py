@@ -62,26 +62,17 @@ def _close(result: Iterable[bytes]) -> None:
 
 
 class _Stream:
-    """The rest of a response that is not stored, passed through; releases at close."""
+    """The rest of a response that is not stored, passed through."""
 
-    def __init__(
-        self,
-        buffered: list[bytes],
-        rest: Iterator[bytes],
-        result: Iterable[bytes],
-        done: Callable[[], None],
-    ) -> None:
-        self.buffered, self.rest, self.result, self.done = buffered, rest, result, done
+    def __init__(self, buffered: list[bytes], rest: Iterator[bytes], result: Iterable[bytes]):
+        self.buffered, self.rest, self.result = buffered, rest, result
 
     def __iter__(self) -> Iterator[bytes]:
         yield from self.buffered
         yield from self.rest
 
     def close(self) -> None:
-        try:
-            _close(self.result)
-        finally:
-            self.done()
+        _close(self.result)
 
 
 class IdempotencyMiddleware:
@@ -233,13 +224,11 @@ class IdempotencyMiddleware:
             if reason.startswith("!"):
                 reason = reason[1:]
                 log.warning("%s/%s: %s; the key is released", claim.scope, claim.key, reason)
+            # nothing will be stored: give the key back now, not when the server closes
+            heartbeat.stop()
+            self._finish(runner, claim, core.release_write(claim.record, reason))
             start_response(status, headers)
-
-            def done(why: str = reason) -> None:
-                heartbeat.stop()
-                self._finish(runner, claim, core.release_write(claim.record, why))
-
-            return _Stream(buffered, rest, result, done)
+            return _Stream(buffered, rest, result)
         _close(result)
         heartbeat.stop()
         body = b"".join(buffered)
