@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -249,3 +250,56 @@ async def test_routes_table_overrides(async_store: Any) -> None:
             r = await c.post("/orders", json={}, headers=hdrs())
             assert "idempotent-replayed" not in r.headers
     assert len(calls) == 2
+
+
+class _SlowSession:
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def update(self, *args: Any) -> Any:
+        await asyncio.sleep(0.3)  # a slow store write: cancelled here unless shielded
+        return await self._inner.update(*args)
+
+
+class _SlowWrites:
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[Any]:
+        async with self._inner.session() as s:
+            yield _SlowSession(s)
+
+
+async def test_cancelled_request_still_stores_the_response(async_store: Any) -> None:
+    """A request cancelled (client gone) during the store write: the write completes."""
+    calls: list[Any] = []
+    done = asyncio.Event()
+    app = FastAPI()
+
+    @app.post("/pay", status_code=201, dependencies=[idempotency_key()])
+    async def pay() -> dict[str, int]:
+        calls.append(1)
+        done.set()
+        return {"paid": len(calls)}
+
+    app.add_middleware(
+        IdempotencyMiddleware, store=_SlowWrites(async_store), principal=lambda r: "p"
+    )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        task = asyncio.create_task(c.post("/pay", headers=hdrs()))
+        await done.wait()
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.5)
+        retry = await c.post("/pay", headers=hdrs())
+    assert retry.status_code == 201 and retry.headers["idempotent-replayed"] == "true"
+    assert calls == [1]

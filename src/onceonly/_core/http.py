@@ -59,6 +59,8 @@ __all__ = [
     "release_write",
     "replay_headers",
     "request_fingerprint",
+    "response_doc",
+    "response_from_doc",
     "scope_of",
     "should_store",
 ]
@@ -106,14 +108,19 @@ class RouteRule:
         requirement: required, optional or off.
         wait: seconds a request waits for the same key's request in progress to finish
             (then replays it) before answering 409; 0 answers 409 at once.
+        atomic: atomic mode (SQL stores): the claim, the handler's writes through ``tx``
+            and the stored response commit in one transaction; the key is required.
     """
 
     requirement: Requirement = Requirement.OPTIONAL
     wait: float = 0.0
+    atomic: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.requirement, Requirement):
             object.__setattr__(self, "requirement", Requirement(self.requirement))
+        if self.atomic and self.requirement is not Requirement.REQUIRED:
+            raise ConfigurationError("an atomic route requires the key (its handler needs tx)")
         if not 0 <= self.wait < 3600:
             raise ConfigurationError(f"wait must be within [0, 3600) seconds, not {self.wait}")
 
@@ -207,6 +214,7 @@ _TITLES = {
     "in-flight": (409, "A request with this idempotency key is in progress"),
     "key-exhausted": (409, "This idempotency key failed too many times"),
     "store-unavailable": (503, "Idempotency store unavailable"),
+    "response-not-stored": (500, "The response could not be stored; nothing was committed"),
 }
 
 
@@ -343,20 +351,45 @@ def kept_headers(
     return tuple((n.lower(), v) for n, v in headers if n.lower() in allow)
 
 
-def encode_response(response: StoredResponse) -> str:
-    """The record text of ``response`` (JSON; the body as text when it is UTF-8)."""
+def response_doc(response: StoredResponse) -> dict[str, object]:
+    """``response`` as a JSON document (the body as text when it is UTF-8)."""
     try:
         body, encoding = response.body.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         body, encoding = base64.b64encode(response.body).decode("ascii"), "base64"
-    doc = {
+    return {
         "http": 1,
         "status": response.status,
         "headers": [list(h) for h in response.headers],
         "encoding": encoding,
         "body": body,
     }
-    return json.dumps(doc, separators=(",", ":"))
+
+
+def encode_response(response: StoredResponse) -> str:
+    """The record text of ``response``: its :func:`response_doc` as JSON."""
+    return json.dumps(response_doc(response), separators=(",", ":"))
+
+
+def response_from_doc(doc: object, scope: str, key: str) -> StoredResponse:
+    """The response a :func:`response_doc` describes (``scope``/``key`` name it in errors).
+
+    Raises:
+        CorruptRecord: ``doc`` is not a stored HTTP response.
+    """
+    try:
+        if not isinstance(doc, dict) or doc.get("http") != 1:
+            raise ValueError("not an HTTP response record")
+        raw = doc["body"]
+        body = base64.b64decode(raw) if doc["encoding"] == "base64" else raw.encode("utf-8")
+        headers = tuple((str(n), str(v)) for n, v in doc["headers"])
+        return StoredResponse(int(doc["status"]), headers, body)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptRecord(
+            f"the record {scope!r}/{key!r} holds no stored HTTP response: {exc}",
+            key=key,
+            scope=scope,
+        ) from None
 
 
 def decode_response(record: Record) -> StoredResponse:
@@ -367,18 +400,9 @@ def decode_response(record: Record) -> StoredResponse:
     """
     try:
         doc = json.loads(record.result or "")
-        if doc.get("http") != 1:
-            raise ValueError("not an HTTP response record")
-        raw = doc["body"]
-        body = base64.b64decode(raw) if doc["encoding"] == "base64" else raw.encode("utf-8")
-        headers = tuple((str(n), str(v)) for n, v in doc["headers"])
-        return StoredResponse(int(doc["status"]), headers, body)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptRecord(
-            f"the record {record.scope!r}/{record.key!r} holds no stored HTTP response: {exc}",
-            key=record.key,
-            scope=record.scope,
-        ) from None
+    except ValueError:
+        doc = None
+    return response_from_doc(doc, record.scope, record.key)
 
 
 def replay_headers(response: StoredResponse) -> list[tuple[str, str]]:

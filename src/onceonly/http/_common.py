@@ -68,15 +68,25 @@ def coerce_rule(rule: object) -> core.RouteRule:
         ) from None
 
 
-def idempotency(requirement: str = "required", *, wait: float = 0.0) -> Callable[[F], F]:
-    """Mark a view or endpoint: whether it takes an idempotency key, and how long a
-    request waits for the same key in progress before 409.
+def idempotency(
+    requirement: str = "required", *, wait: float = 0.0, atomic: bool = False
+) -> Callable[[F], F]:
+    """Mark a view or endpoint with its :class:`~onceonly.http.RouteRule`.
 
     The middleware reads the mark on Starlette/FastAPI endpoints and Flask views.
 
+    Args:
+        requirement: ``"required"`` (no key: 400), ``"optional"`` or ``"off"``.
+        wait: seconds a duplicate waits for the request in progress before 409.
+        atomic: atomic mode (SQL stores): the handler's writes through ``tx`` and the
+            stored response commit together (Flask: ``onceonly.http.flask.current_tx()``).
+
+    Returns:
+        A decorator returning the function itself, marked.
+
     .. versionadded:: 0.2
     """
-    rule = core.RouteRule(core.Requirement(requirement), wait)
+    rule = core.RouteRule(core.Requirement(requirement), wait, atomic)
 
     def mark(fn: F) -> F:
         setattr(fn, MARKER, rule)

@@ -20,6 +20,7 @@ from onceonly import _acompat
 from onceonly._core import http as core
 from onceonly._core.state import Write, complete_write
 from onceonly.errors import DeadLettered, InFlight, PayloadMismatch, StoreUnavailable
+from onceonly.http import _atomic
 from onceonly.http._common import HttpRequest, Principal, Settings, log, problem_for, rule_of
 from onceonly.leased_async import AsyncClaim, AsyncLeasedRunner, Replay
 from onceonly.types import AsyncStore
@@ -55,6 +56,20 @@ def _starlette_route(scope: Scope, app: object) -> Any:
         if getattr(match, "name", "") == "FULL":
             return route
     return None
+
+
+def _once(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app the body already read, then the real one."""
+    given = False
+
+    async def replay_receive() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay_receive
 
 
 async def _send_response(
@@ -185,6 +200,9 @@ class IdempotencyMiddleware:
             marked = rule_of(found.endpoint)
             for dep in getattr(found, "dependencies", None) or ():
                 marked = marked or rule_of(getattr(dep, "dependency", None))
+            dependant = getattr(found, "dependant", None)
+            for sub in getattr(dependant, "dependencies", None) or ():
+                marked = marked or rule_of(getattr(sub, "call", None))
             if marked is not None:
                 return template, marked
         return template, self.settings.default
@@ -222,6 +240,12 @@ class IdempotencyMiddleware:
                 return
         body = b"".join(chunks)
         fp = core.request_fingerprint(method, route, body, headers, policy.fingerprint_headers)
+        if rule.atomic:
+            answer = await _atomic.run_asgi(
+                self.app, self.store, self.settings, rule, step, fp, scope, _once(body, receive)
+            )
+            await _send_response(send, *answer)
+            return
         runner = AsyncLeasedRunner(
             self.store,
             scope=step.scope,
@@ -249,15 +273,7 @@ class IdempotencyMiddleware:
         runner: AsyncLeasedRunner,
         claim: AsyncClaim,
     ) -> None:
-        given = False
-
-        async def replay_receive() -> Message:
-            nonlocal given
-            if not given:
-                given = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
+        replay_receive = _once(body, receive)
         capture = _Capture(send, self.settings.policy)
         heartbeat = _acompat.AsyncHeartbeat(
             self.settings.lease.lease_seconds / 3,

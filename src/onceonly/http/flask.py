@@ -10,16 +10,37 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Flask
+from flask import Flask, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import RequestRedirect
 
 from onceonly._core.http import RouteRule
+from onceonly.errors import ConfigurationError
 from onceonly.http._common import idempotency, rule_of
 from onceonly.http.wsgi import Environ, IdempotencyMiddleware, Resolver
+from onceonly.inbox import Tx
 from onceonly.types import Store
 
-__all__ = ["OnceOnly", "idempotency"]
+__all__ = ["OnceOnly", "current_tx", "idempotency"]
+
+
+def current_tx() -> Tx:
+    """The transaction of the running atomic view (``@idempotency("required", atomic=True)``).
+
+    Its writes (``tx.execute``, ``tx.publish``) and the stored response commit together.
+
+    Raises:
+        ConfigurationError: not inside an atomic view behind :class:`OnceOnly`.
+
+    .. versionadded:: 0.2
+    """
+    tx = request.environ.get("onceonly.tx")
+    if not isinstance(tx, Tx):
+        raise ConfigurationError(
+            "current_tx() runs only in a view marked @idempotency('required', atomic=True) "
+            "of an app with OnceOnly(app, ...)"
+        )
+    return tx
 
 
 def flask_resolver(app: Flask) -> Resolver:

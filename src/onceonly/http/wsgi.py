@@ -20,6 +20,7 @@ from onceonly import _acompat
 from onceonly._core import http as core
 from onceonly._core.state import Write, complete_write
 from onceonly.errors import DeadLettered, InFlight, PayloadMismatch, StoreUnavailable
+from onceonly.http import _atomic
 from onceonly.http._common import HttpRequest, Principal, Settings, log, problem_for
 from onceonly.leased import Claim, LeasedRunner, Replay
 from onceonly.types import Store
@@ -161,6 +162,11 @@ class IdempotencyMiddleware:
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
         fp = core.request_fingerprint(method, route, body, headers, policy.fingerprint_headers)
+        if rule.atomic:
+            code, out, content = _atomic.run_wsgi(
+                self.app, self.store, self.settings, rule, step, fp, environ
+            )
+            return _respond(start_response, f"{code} {_reason(code)}".strip(), out, content)
         runner = LeasedRunner(
             self.store,
             scope=step.scope,
