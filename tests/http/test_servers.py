@@ -28,8 +28,8 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, st
         require_postgres()
         table = unique_table()
         yield {"ONCEONLY_URL": PG_URL, "ONCEONLY_TABLE": table, "EFFECTS": str(effects)}
-        drop_pg_table(table)
-        drop_pg_table(f"{table}_outbox")
+        for t in (table, f"{table}_outbox", f"{table}_orders"):
+            drop_pg_table(t)
     else:
         url = f"sqlite:///{tmp_path / 'o.db'}"
         yield {"ONCEONLY_URL": url, "EFFECTS": str(effects)}
@@ -122,3 +122,34 @@ def test_server_killed_mid_request_retry_runs(server: str, env: dict[str, str]) 
         r = httpx.post(s.url + "/orders", json={}, headers=hdrs())
         assert r.headers["idempotent-replayed"] == "true"
     assert runs(env) == 2
+
+
+def orders(env: dict[str, str]) -> int:
+    import onceonly
+
+    table = env.get("ONCEONLY_TABLE")
+    store = onceonly.open_store(env["ONCEONLY_URL"], **({"table": table} if table else {}))
+    with store.transaction() as s:
+        n = int(s.execute(f"SELECT count(*) FROM {table or 't'}_orders").fetchone()[0])
+    store.close()
+    return n
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_atomic_server_killed_mid_request_commits_nothing(server: str, env: dict[str, str]) -> None:
+    """Atomic mode: SIGKILL in the handler commits nothing; the retry runs at once, once."""
+    first = Server(server, env)
+    try:
+        with pytest.raises(httpx.TransportError):
+            httpx.post(first.url + "/atomic", json={"item": "a"}, headers=hdrs(sleep=30),
+                       timeout=1.0)  # fmt: skip
+        first.kill()
+    finally:
+        first.stop()
+    assert runs(env) == 1 and orders(env) == 0
+    with serve(server, env) as s:
+        r = httpx.post(s.url + "/atomic", json={"item": "a"}, headers=hdrs(), timeout=30)
+        assert r.status_code == 201 and "idempotent-replayed" not in r.headers
+        r = httpx.post(s.url + "/atomic", json={"item": "a"}, headers=hdrs())
+        assert r.status_code == 201 and r.headers["idempotent-replayed"] == "true"
+    assert runs(env) == 2 and orders(env) == 1

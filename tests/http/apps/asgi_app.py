@@ -11,21 +11,24 @@ import asyncio
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request, Response
 
 import onceonly
-from onceonly.http.fastapi import IdempotencyMiddleware, idempotency_key
+from onceonly.http.fastapi import IdempotencyMiddleware, idempotency_key, idempotent_tx
 
 options = {"table": os.environ["ONCEONLY_TABLE"]} if os.environ.get("ONCEONLY_TABLE") else {}
 store = onceonly.open_async_store(os.environ["ONCEONLY_URL"], **options)
 EFFECTS = os.environ["EFFECTS"]
+ORDERS = (os.environ.get("ONCEONLY_TABLE") or "t") + "_orders"
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     await store.migrate()
+    async with store.transaction() as s:
+        await s.execute(f"CREATE TABLE IF NOT EXISTS {ORDERS} (item TEXT)")
     yield
     await store.close()
 
@@ -47,6 +50,15 @@ async def create(request: Request, response: Response) -> dict[str, Any]:
     await asyncio.sleep(float(request.headers.get("x-sleep", 0)))
     response.headers["Location"] = f"/orders/{n}"
     return {"order": n, "item": body.get("item")}
+
+
+@app.post("/atomic", status_code=201)
+async def atomic(request: Request, tx: Annotated[onceonly.AsyncTx, idempotent_tx()]) -> Any:
+    body = await request.json()
+    await tx.execute(f"INSERT INTO {ORDERS} (item) VALUES (?)", (body.get("item"),))
+    effect()
+    await asyncio.sleep(float(request.headers.get("x-sleep", 0)))
+    return {"item": body.get("item")}
 
 
 app.add_middleware(
