@@ -28,9 +28,14 @@ def command(server: str, port: int) -> list[str]:
             sys.executable, "-m", "uvicorn", "tests.http.apps.asgi_app:app",
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
         ]  # fmt: skip
+    target = (
+        "tests.http.apps.django_site:application"
+        if server == "django"
+        else ("tests.http.apps.wsgi_app:app")
+    )
     return [
         sys.executable, "-m", "waitress", "--host=127.0.0.1", f"--port={port}",
-        "--threads=20", "tests.http.apps.wsgi_app:app",
+        "--threads=20", target,
     ]  # fmt: skip
 
 
