@@ -46,7 +46,8 @@ def hdrs(key: str = "k1", user: str = "alice", sleep: float = 0) -> dict[str, st
 
 @pytest.mark.parametrize("server", SERVERS)
 def test_replay_and_errors(server: str, env: dict[str, str]) -> None:
-    """201 + Location replayed with the marker; 400, 422, principal isolation."""
+    """201 + Location replayed with the marker; 400, 422, principal isolation, a key
+    too long, a body over the limit."""
     with serve(server, env) as s, httpx.Client(base_url=s.url) as c:
         first = c.post("/orders", json={"item": "a"}, headers=hdrs())
         again = c.post("/orders", json={"item": "a"}, headers=hdrs())
@@ -59,6 +60,10 @@ def test_replay_and_errors(server: str, env: dict[str, str]) -> None:
         assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json"
         bob = c.post("/orders", json={"item": "a"}, headers=hdrs(user="bob"))
         assert bob.json() == {"order": 2, "item": "a"}
+        bad = c.post("/orders", json={}, headers={**hdrs(), "Idempotency-Key": "x" * 300})
+        assert bad.status_code == 400 and bad.json()["type"].endswith("#invalid-key")
+        big = c.post("/orders", content=b"[" + b" " * (1 << 20) + b"]", headers=hdrs("big"))
+        assert big.status_code == 413 and big.json()["type"].endswith("#request-too-large")
     assert runs(env) == 2
 
 

@@ -28,7 +28,6 @@ Defaults follow draft-ietf-httpapi-idempotency-key-header; every one is a field 
 
 from __future__ import annotations
 
-import base64
 import enum
 import hashlib
 import json
@@ -36,9 +35,18 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from onceonly._core.http_replay import (
+    NO_BODY,
+    StoredResponse,
+    decode_response,
+    encode_response,
+    replay_headers,
+    response_doc,
+    response_from_doc,
+)
 from onceonly._core.keys import validate_key
 from onceonly._core.state import Record, State, Write
-from onceonly.errors import ConfigurationError, CorruptRecord, InvalidKey
+from onceonly.errors import ConfigurationError, InvalidKey
 
 __all__ = [
     "NEVER_STORED_HEADERS",
@@ -88,8 +96,6 @@ NEVER_STORED_HEADERS = frozenset(
 
 # time- or credential-dependent 4xx: a retry may well succeed, so they are not replayed
 _TRANSIENT_4XX = frozenset({401, 403, 407, 408, 409, 423, 425, 429})
-# statuses without a body (and without Content-Length, RFC 9110 §8.6)
-_NO_BODY = frozenset({204, 304})
 
 
 class Requirement(str, enum.Enum):
@@ -321,7 +327,7 @@ def should_store(
     if status < 200:
         return False, f"status {status} is not stored"
     length = headers.get("content-length")
-    if status in _NO_BODY:
+    if status in NO_BODY:
         return True, None
     if length is None:
         return False, "!a streamed response (no Content-Length) is not stored"
@@ -334,81 +340,12 @@ def should_store(
     return True, None
 
 
-@dataclass(frozen=True)
-class StoredResponse:
-    """A response as stored and replayed."""
-
-    status: int
-    headers: tuple[tuple[str, str], ...] = ()
-    body: bytes = b""
-
-
 def kept_headers(
     headers: Iterable[tuple[str, str]], policy: HttpPolicy
 ) -> tuple[tuple[str, str], ...]:
     """The allow-listed response headers, lower-cased, in order."""
     allow = set(policy.replay_headers) - NEVER_STORED_HEADERS
     return tuple((n.lower(), v) for n, v in headers if n.lower() in allow)
-
-
-def response_doc(response: StoredResponse) -> dict[str, object]:
-    """``response`` as a JSON document (the body as text when it is UTF-8)."""
-    try:
-        body, encoding = response.body.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        body, encoding = base64.b64encode(response.body).decode("ascii"), "base64"
-    return {
-        "http": 1,
-        "status": response.status,
-        "headers": [list(h) for h in response.headers],
-        "encoding": encoding,
-        "body": body,
-    }
-
-
-def encode_response(response: StoredResponse) -> str:
-    """The record text of ``response``: its :func:`response_doc` as JSON."""
-    return json.dumps(response_doc(response), separators=(",", ":"))
-
-
-def response_from_doc(doc: object, scope: str, key: str) -> StoredResponse:
-    """The response a :func:`response_doc` describes (``scope``/``key`` name it in errors).
-
-    Raises:
-        CorruptRecord: ``doc`` is not a stored HTTP response.
-    """
-    try:
-        if not isinstance(doc, dict) or doc.get("http") != 1:
-            raise ValueError("not an HTTP response record")
-        raw = doc["body"]
-        body = base64.b64decode(raw) if doc["encoding"] == "base64" else raw.encode("utf-8")
-        headers = tuple((str(n), str(v)) for n, v in doc["headers"])
-        return StoredResponse(int(doc["status"]), headers, body)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptRecord(
-            f"the record {scope!r}/{key!r} holds no stored HTTP response: {exc}",
-            key=key,
-            scope=scope,
-        ) from None
-
-
-def decode_response(record: Record) -> StoredResponse:
-    """The response stored in a completed ``record``.
-
-    Raises:
-        CorruptRecord: the record holds no stored HTTP response.
-    """
-    try:
-        doc = json.loads(record.result or "")
-    except ValueError:
-        doc = None
-    return response_from_doc(doc, record.scope, record.key)
-
-
-def replay_headers(response: StoredResponse) -> list[tuple[str, str]]:
-    """The headers of a replay: the stored ones, Content-Length and the replay marker."""
-    length = [] if response.status in _NO_BODY else [("content-length", str(len(response.body)))]
-    return [*response.headers, *length, ("idempotent-replayed", "true")]
 
 
 def release_write(record: Record, reason: str) -> Write:
