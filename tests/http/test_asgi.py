@@ -303,3 +303,16 @@ async def test_cancelled_request_still_stores_the_response(async_store: Any) -> 
         retry = await c.post("/pay", headers=hdrs())
     assert retry.status_code == 201 and retry.headers["idempotent-replayed"] == "true"
     assert calls == [1]
+
+
+async def test_long_handler_keeps_its_lease(async_store: Any) -> None:
+    """A handler longer than the lease keeps the key (the lease is renewed): 409, not a rerun."""
+    calls: list[Any] = []
+    app = make_app(async_store, calls, lease=0.6)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        first = asyncio.create_task(c.post("/orders", json={"sleep": 1.5}, headers=hdrs()))
+        await asyncio.sleep(1.0)
+        second = await c.post("/orders", json={"sleep": 1.5}, headers=hdrs())
+        assert second.status_code == 409
+        assert (await first).status_code == 201
+    assert len(calls) == 1

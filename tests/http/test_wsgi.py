@@ -160,3 +160,19 @@ def test_oversized_request_is_413(client: FlaskClient, calls: list[Any]) -> None
     """A keyed body over the limit gets 413 and nothing runs."""
     r = client.post("/orders/1", data=b"{" + b" " * 5000 + b"}", headers=hdrs())
     assert r.status_code == 413 and calls == []
+
+
+def test_long_view_keeps_its_lease(store: Any, calls: list[Any]) -> None:
+    """A view longer than the lease keeps the key (renewed): the duplicate gets 409."""
+    app = make_app(store, calls, lease=0.6)
+    out: list[int] = []
+    t = threading.Thread(
+        target=lambda: out.append(
+            app.test_client().post("/orders/1", json={"sleep": 1.5}, headers=hdrs()).status_code
+        )
+    )
+    t.start()
+    time.sleep(1.0)
+    r = app.test_client().post("/orders/1", json={"sleep": 1.5}, headers=hdrs())
+    t.join()
+    assert r.status_code == 409 and out == [201] and len(calls) == 1
