@@ -3,7 +3,8 @@
 
 POST /orders inserts one row into a table of its own (the endpoint's database work) and
 answers 201. With MIDDLEWARE=1 the ASGI IdempotencyMiddleware (leased mode) is installed
-on PostgreSQL.
+on PostgreSQL; with MIDDLEWARE=idemkit, idemkit's ASGI middleware on its PostgreSQL
+backend instead (run by an interpreter that has idemkit installed).
 """
 
 from __future__ import annotations
@@ -20,15 +21,21 @@ import onceonly
 from onceonly.http.fastapi import IdempotencyMiddleware, idempotency_key
 
 URL = os.environ["ONCEONLY_URL"]
+MODE = os.environ.get("MIDDLEWARE", "0")
 TABLE = os.environ["ONCEONLY_TABLE"]
-pool = AsyncConnectionPool(URL, min_size=4, max_size=16, open=False)
-store = onceonly.open_async_store(URL, table=TABLE, min_size=4, max_size=16)
+# small pools: five servers share PostgreSQL's max_connections (100 by default)
+pool = AsyncConnectionPool(URL, min_size=2, max_size=8, open=False)
+store = onceonly.open_async_store(URL, table=TABLE, min_size=1, max_size=8)
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     await pool.open()
     await store.migrate()
+    if MODE == "idemkit":
+        from idemkit.backends.postgres import init_pg
+
+        await init_pg(URL, table=f"{TABLE}_idemkit")
     async with pool.connection() as conn:
         await conn.execute(f"CREATE TABLE IF NOT EXISTS {TABLE}_orders (body text)")
     yield
@@ -47,5 +54,16 @@ async def create(request: Request) -> dict[str, Any]:
     return {"created": True}
 
 
-if os.environ.get("MIDDLEWARE") == "1":
+if MODE == "1":
     app.add_middleware(IdempotencyMiddleware, store=store, principal=lambda r: "bench")
+elif MODE == "idemkit":
+    import idemkit
+    from idemkit.backends.postgres import PostgresBackend
+
+    app.add_middleware(
+        idemkit.IdempotencyMiddleware,
+        backend=PostgresBackend.from_url(
+            URL, table=f"{TABLE}_idemkit", min_size=1, max_size=8, command_timeout=30
+        ),
+        config=idemkit.HttpConfig(scope=lambda request: "bench"),
+    )

@@ -12,6 +12,7 @@ one run, each against its own uvicorn process (one worker), alternating every
 * **replays**: the middleware, keys completed beforehand (no handler run).
 
     .venv/bin/python bench/http_fastapi.py [--url URL] [--seconds 6] [--slice 0.5]
+        [--idemkit-python PATH]   # a separate venv with idemkit, asyncpg and onceonly
 
 This is a benchmark, not a test: the client (httpx) shares the machine with the server,
 so the numbers are relative; the tables are dropped at the end.
@@ -41,12 +42,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(url: str, table: str, middleware: bool) -> tuple[subprocess.Popen[bytes], str]:
+def start(
+    url: str, table: str, mode: str, python: str = sys.executable
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = {**os.environ, "ONCEONLY_URL": url, "ONCEONLY_TABLE": table}
-    env["MIDDLEWARE"] = "1" if middleware else "0"
+    env = {**os.environ, "ONCEONLY_URL": url, "ONCEONLY_TABLE": table, "MIDDLEWARE": mode}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "_http_app:app", "--app-dir", str(ROOT / "bench"),
+        [python, "-m", "uvicorn", "_http_app:app", "--app-dir", str(ROOT / "bench"),
          "--port", str(port), "--log-level", "warning", "--no-access-log"],
         env=env,
     )  # fmt: skip
@@ -84,8 +86,11 @@ async def timed(
             key = keys[i] if keys is not None else str(uuid.uuid4())
             r = await client.post("/orders", content=b"{}", headers={"Idempotency-Key": key})
             assert r.status_code == 201, r.text
-            if keys is not None:
-                assert r.headers.get("idempotent-replayed") == "true"
+            if keys is not None:  # onceonly's marker, or idemkit's default one
+                marked = r.headers.get("idempotent-replayed") or r.headers.get(
+                    "idempotency-replayed"
+                )
+                assert marked == "true", r.headers
             done += 1
 
     began = time.perf_counter()
@@ -93,7 +98,8 @@ async def timed(
     return done, time.perf_counter() - began
 
 
-WORKLOADS = ("bare", "new keys", "replays")
+WORKLOADS = ["bare", "new keys", "replays"]
+IDEMKIT = ["idemkit new keys", "idemkit replays"]
 
 
 async def measure(
@@ -104,18 +110,19 @@ async def measure(
     for c in (1, 16):
         limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
         clients = {
-            w: httpx.AsyncClient(base_url=bases[w], limits=limits, timeout=30) for w in WORKLOADS
+            w: httpx.AsyncClient(base_url=bases[w], limits=limits, timeout=30) for w in bases
         }
         keys = [f"replay-{uuid.uuid4()}" for _ in range(c)]
-        for w in WORKLOADS:
-            await prepare(clients[w], keys if w == "replays" else [])
-        totals = {w: [0, 0.0] for w in WORKLOADS}
+        for w in bases:
+            await prepare(clients[w], keys if w.endswith("replays") else [])
+        totals = {w: [0, 0.0] for w in bases}
         for _ in range(max(1, round(seconds / slice_))):
-            for w in WORKLOADS:
-                n, t = await timed(clients[w], keys if w == "replays" else None, c, slice_)
+            for w in bases:
+                replays = keys if w.endswith("replays") else None
+                n, t = await timed(clients[w], replays, c, slice_)
                 totals[w][0] += n
                 totals[w][1] += t
-        for w in WORKLOADS:
+        for w in bases:
             out[(w, c)] = totals[w][0] / totals[w][1]
             await clients[w].aclose()
     return out
@@ -127,14 +134,24 @@ def main() -> None:
     parser.add_argument("--url", default=os.environ.get("ONCEONLY_BENCH_PG", default))
     parser.add_argument("--seconds", type=float, default=6.0, help="per cell")
     parser.add_argument("--slice", type=float, default=0.5, help="alternation period")
+    parser.add_argument(
+        "--idemkit-python",
+        help="an interpreter whose environment has idemkit (and this package): adds "
+        "idemkit's ASGI middleware on its PostgreSQL backend to the comparison",
+    )
     args = parser.parse_args()
     table = f"bench_http_{uuid.uuid4().hex[:8]}"
     procs = []
     try:
         bases = {}
+        modes = {"bare": "0", "new keys": "1", "replays": "1"}
         for w in WORKLOADS:
-            proc, bases[w] = start(args.url, table, middleware=w != "bare")
+            proc, bases[w] = start(args.url, table, modes[w])
             procs.append(proc)
+        if args.idemkit_python:
+            for w in IDEMKIT:
+                proc, bases[w] = start(args.url, table, "idemkit", args.idemkit_python)
+                procs.append(proc)
         results = asyncio.run(measure(bases, args.seconds, args.slice))
     finally:
         for proc in procs:
@@ -143,6 +160,7 @@ def main() -> None:
         with psycopg.connect(args.url, autocommit=True) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {table}")
             conn.execute(f"DROP TABLE IF EXISTS {table}_orders")
+            conn.execute(f"DROP TABLE IF EXISTS {table}_idemkit")
             if conn.execute("SELECT to_regclass('onceonly_schema')").fetchone()[0]:
                 conn.execute(
                     "DELETE FROM onceonly_schema WHERE component = %s", (f"records:{table}",)
@@ -158,6 +176,16 @@ def main() -> None:
         print(
             f"{c:>11} {bare:>11.0f} {new:>10.0f} {new / bare:>6.2f} {rep:>9.0f} {rep / bare:>6.2f}"
         )
+    if args.idemkit_python:
+        print("idemkit's ASGI middleware, same endpoint and database (ratios to bare):")
+        print("{:>11} {:>11} {:>10} {:>6} {:>9} {:>6}".format(*head))
+        for c in (1, 16):
+            bare = results[("bare", c)]
+            new, rep = (results[(w, c)] for w in IDEMKIT)
+            print(
+                f"{c:>11} {bare:>11.0f} {new:>10.0f} {new / bare:>6.2f} {rep:>9.0f} "
+                f"{rep / bare:>6.2f}"
+            )
 
 
 if __name__ == "__main__":
