@@ -21,7 +21,7 @@ from onceonly.errors import (
 )
 from onceonly.outcome import seconds
 
-__all__ = ["HttpRequest", "Principal", "RuleLike", "Settings", "idempotency", "problem_for"]
+__all__ = ["HttpRequest", "Principal", "Settings", "idempotency", "problem_for", "rule_of"]
 
 log = logging.getLogger("onceonly.http")
 
@@ -53,7 +53,7 @@ class HttpRequest:
 
 
 Principal = Callable[[HttpRequest], "str | None"]
-RuleLike = "core.RouteRule | core.Requirement | str"
+"""Who sends a request (user id, API key id, tenant), or ``None`` when unknown."""
 
 
 def coerce_rule(rule: object) -> core.RouteRule:
