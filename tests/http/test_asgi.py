@@ -60,7 +60,7 @@ def make_app(store: Any, calls: list[Any], **options: Any) -> FastAPI:
     @app.post("/wait", dependencies=[idempotency_key(wait=5.0)])
     async def slow(request: Request) -> JSONResponse:
         calls.append("wait")
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.8)
         return JSONResponse({"n": len(calls)})
 
     app.add_middleware(
@@ -147,9 +147,9 @@ async def test_other_body_is_422(client: httpx.AsyncClient, calls: list[Any]) ->
 
 async def test_in_progress_is_409(client: httpx.AsyncClient, calls: list[Any]) -> None:
     """A duplicate while the first runs gets 409 with Retry-After."""
-    first = asyncio.create_task(client.post("/orders", json={"sleep": 0.5}, headers=hdrs()))
-    await asyncio.sleep(0.2)
-    r = await client.post("/orders", json={"sleep": 0.5}, headers=hdrs())
+    first = asyncio.create_task(client.post("/orders", json={"sleep": 1.0}, headers=hdrs()))
+    await asyncio.sleep(0.4)
+    r = await client.post("/orders", json={"sleep": 1.0}, headers=hdrs())
     assert r.status_code == 409 and r.json()["type"].endswith("#in-flight")
     assert int(r.headers["retry-after"]) >= 1
     assert (await first).status_code == 201
@@ -159,7 +159,7 @@ async def test_in_progress_is_409(client: httpx.AsyncClient, calls: list[Any]) -
 async def test_bounded_wait_replays(client: httpx.AsyncClient, calls: list[Any]) -> None:
     """A route with wait= makes the duplicate wait for the first and replay it."""
     first = asyncio.create_task(client.post("/wait", headers=hdrs()))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.4)
     second = await client.post("/wait", headers=hdrs())
     assert second.status_code == 200 and second.headers["idempotent-replayed"] == "true"
     assert (await first).json() == second.json() and calls == ["wait"]

@@ -108,9 +108,11 @@ def test_client_disconnect_still_stores(server: str, env: dict[str, str]) -> Non
 
 @pytest.mark.parametrize("server", SERVERS)
 def test_server_killed_mid_request_retry_runs(server: str, env: dict[str, str]) -> None:
-    """SIGKILL during the handler: 409 while the lease lives, then the retry runs it."""
-    env = {**env, "LEASE": "2"}
+    """SIGKILL during the handler: retries get 409 while the lease lives, then one runs it."""
+    lease = 3.0
+    env = {**env, "LEASE": str(lease)}
     first = Server(server, env)
+    began = time.monotonic()
     try:
         with pytest.raises(httpx.TransportError):
             httpx.post(first.url + "/orders", json={}, headers=hdrs(sleep=30), timeout=0.5)
@@ -119,11 +121,14 @@ def test_server_killed_mid_request_retry_runs(server: str, env: dict[str, str]) 
         first.stop()
     assert runs(env) == 1
     with serve(server, env) as s:
-        r = httpx.post(s.url + "/orders", json={}, headers=hdrs())
-        assert r.status_code == 409
-        time.sleep(float(r.headers["retry-after"]) + 0.2)
-        r = httpx.post(s.url + "/orders", json={}, headers=hdrs())
+        while True:
+            r = httpx.post(s.url + "/orders", json={}, headers=hdrs())
+            if r.status_code != 409:
+                break
+            assert int(r.headers["retry-after"]) >= 1
+            time.sleep(0.25)
         assert r.status_code == 201 and "idempotent-replayed" not in r.headers
+        assert time.monotonic() - began >= lease  # not before the dead server's lease lapsed
         r = httpx.post(s.url + "/orders", json={}, headers=hdrs())
         assert r.headers["idempotent-replayed"] == "true"
     assert runs(env) == 2

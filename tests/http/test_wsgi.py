@@ -107,12 +107,12 @@ def test_in_progress_is_409(store: Any, calls: list[Any]) -> None:
     out: list[int] = []
     t = threading.Thread(
         target=lambda: out.append(
-            app.test_client().post("/orders/1", json={"sleep": 0.6}, headers=hdrs()).status_code
+            app.test_client().post("/orders/1", json={"sleep": 1.2}, headers=hdrs()).status_code
         )
     )
     t.start()
-    time.sleep(0.3)
-    r = app.test_client().post("/orders/1", json={"sleep": 0.6}, headers=hdrs())
+    time.sleep(0.5)
+    r = app.test_client().post("/orders/1", json={"sleep": 1.2}, headers=hdrs())
     t.join()
     assert r.status_code == 409 and int(r.headers["Retry-After"]) >= 1
     assert out == [201] and len(calls) == 1
