@@ -34,3 +34,12 @@ def test_idempotent_example() -> None:
     """The leased example calls the provider once and replays the stored result."""
     out = run("idempotent_sqlite.py")
     assert out.strip() == "{'payment': 'pay_1'} {'payment': 'pay_1'} provider charges: 1"
+
+
+def test_webhook_inbox_example(tmp_path: Path) -> None:
+    """A GitHub redelivery replays by its delivery header; a Stripe retry by its event id."""
+    out = run("webhook_inbox.py", str(tmp_path / "w.db"))
+    assert "github first: 200 replayed=False" in out
+    assert "github redelivery: 200 replayed=True" in out
+    assert "stripe retry: {'handled': 'payment_intent.succeeded', 'replayed': True}" in out
+    assert "events: {'github': 1, 'stripe': 1}" in out

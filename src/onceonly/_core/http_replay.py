@@ -1,0 +1,99 @@
+# SPDX-License-Identifier: MIT
+"""Stored HTTP responses (docs/http.md): how a response is kept in a record and replayed.
+
+A record's result is a JSON document ``{"http": 1, "status", "headers", "encoding",
+"body"}``; the body is text when it is UTF-8, else base64. A replay carries the stored
+status, body and headers, a recomputed ``Content-Length`` (none for 204 and 304) and
+``Idempotent-Replayed: true``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+
+from onceonly._core.state import Record
+from onceonly.errors import CorruptRecord
+
+__all__ = [
+    "NO_BODY",
+    "StoredResponse",
+    "decode_response",
+    "encode_response",
+    "replay_headers",
+    "response_doc",
+    "response_from_doc",
+]
+
+NO_BODY = frozenset({204, 304})
+"""Statuses without a body, and without Content-Length (RFC 9110 §8.6)."""
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A response as stored and replayed."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...] = ()
+    body: bytes = b""
+
+
+def response_doc(response: StoredResponse) -> dict[str, object]:
+    """``response`` as a JSON document (the body as text when it is UTF-8)."""
+    try:
+        body, encoding = response.body.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        body, encoding = base64.b64encode(response.body).decode("ascii"), "base64"
+    return {
+        "http": 1,
+        "status": response.status,
+        "headers": [list(h) for h in response.headers],
+        "encoding": encoding,
+        "body": body,
+    }
+
+
+def encode_response(response: StoredResponse) -> str:
+    """The record text of ``response``: its :func:`response_doc` as JSON."""
+    return json.dumps(response_doc(response), separators=(",", ":"))
+
+
+def response_from_doc(doc: object, scope: str, key: str) -> StoredResponse:
+    """The response a :func:`response_doc` describes (``scope``/``key`` name it in errors).
+
+    Raises:
+        CorruptRecord: ``doc`` is not a stored HTTP response.
+    """
+    try:
+        if not isinstance(doc, dict) or doc.get("http") != 1:
+            raise ValueError("not an HTTP response record")
+        raw = doc["body"]
+        body = base64.b64decode(raw) if doc["encoding"] == "base64" else raw.encode("utf-8")
+        headers = tuple((str(n), str(v)) for n, v in doc["headers"])
+        return StoredResponse(int(doc["status"]), headers, body)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptRecord(
+            f"the record {scope!r}/{key!r} holds no stored HTTP response: {exc}",
+            key=key,
+            scope=scope,
+        ) from None
+
+
+def decode_response(record: Record) -> StoredResponse:
+    """The response stored in a completed ``record``.
+
+    Raises:
+        CorruptRecord: the record holds no stored HTTP response.
+    """
+    try:
+        doc = json.loads(record.result or "")
+    except ValueError:
+        doc = None
+    return response_from_doc(doc, record.scope, record.key)
+
+
+def replay_headers(response: StoredResponse) -> list[tuple[str, str]]:
+    """The headers of a replay: the stored ones, Content-Length and the replay marker."""
+    length = [] if response.status in NO_BODY else [("content-length", str(len(response.body)))]
+    return [*response.headers, *length, ("idempotent-replayed", "true")]

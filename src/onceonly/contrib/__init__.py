@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: MIT
+"""Integrations with frameworks that own their configuration (Django)."""

@@ -1,0 +1,24 @@
+# SPDX-License-Identifier: MIT
+"""Django: an installable app (``"onceonly.contrib.django"`` in ``INSTALLED_APPS``).
+
+* ``python manage.py migrate`` creates the records table (migration ``0001``).
+* ``"onceonly.contrib.django.middleware.IdempotencyMiddleware"`` in ``MIDDLEWARE``
+  honours the ``Idempotency-Key`` header (docs/http.md), leased mode by default.
+* ``@idempotent_view("required", atomic=True)`` (``onceonly.contrib.django.views``)
+  marks a view; an atomic view's ORM writes, the claim and the stored response commit in
+  one ``transaction.atomic()`` on the default database.
+
+Settings, all optional except ``PRINCIPAL``::
+
+    ONCEONLY_HTTP = {
+        "PRINCIPAL": "myapp.auth.principal",  # callable(request) -> str | None, or its path
+        "STORE_URL": None,       # default: the default database (PostgreSQL or SQLite)
+        "TABLE": "onceonly_records",
+        "ROUTES": {},            # {"/orders/<int:id>": "required", ...} (Django route syntax)
+        "DEFAULT": "optional",
+        "POLICY": None,          # an onceonly.http.HttpPolicy
+        "TTL": 86400, "LEASE": 30, "MAX_ATTEMPTS": 5,
+    }
+
+Needs the ``django`` extra.
+"""

@@ -1,0 +1,28 @@
+# SPDX-License-Identifier: MIT
+"""HTTP idempotency: the ``Idempotency-Key`` header for ASGI and WSGI apps (docs/http.md).
+
+``onceonly.http.asgi.IdempotencyMiddleware`` and ``onceonly.http.wsgi.IdempotencyMiddleware``
+are the drivers (leased mode, any store); ``onceonly.http.fastapi`` and
+``onceonly.http.flask`` add the framework helpers. This package imports no framework.
+"""
+
+from onceonly._core.http import (
+    PROBLEM_TYPE_BASE,
+    HttpPolicy,
+    Problem,
+    Requirement,
+    RouteRule,
+    StoredResponse,
+)
+from onceonly.http._common import HttpRequest, idempotency
+
+__all__ = [
+    "PROBLEM_TYPE_BASE",
+    "HttpPolicy",
+    "HttpRequest",
+    "Problem",
+    "Requirement",
+    "RouteRule",
+    "StoredResponse",
+    "idempotency",
+]

@@ -1,0 +1,69 @@
+# SPDX-License-Identifier: MIT
+"""A FastAPI app behind the ASGI middleware, for the real-server tests (uvicorn).
+
+Configured by the environment: ONCEONLY_URL, ONCEONLY_TABLE, EFFECTS (a file that gets a
+line each time the handler starts), LEASE (seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Request, Response
+
+import onceonly
+from onceonly.http.fastapi import IdempotencyMiddleware, idempotency_key, idempotent_tx
+
+options = {"table": os.environ["ONCEONLY_TABLE"]} if os.environ.get("ONCEONLY_TABLE") else {}
+store = onceonly.open_async_store(os.environ["ONCEONLY_URL"], **options)
+EFFECTS = os.environ["EFFECTS"]
+ORDERS = (os.environ.get("ONCEONLY_TABLE") or "t") + "_orders"
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    await store.migrate()
+    async with store.transaction() as s:
+        await s.execute(f"CREATE TABLE IF NOT EXISTS {ORDERS} (item TEXT)")
+    yield
+    await store.close()
+
+
+app = FastAPI(lifespan=lifespan)
+
+
+def effect() -> int:
+    with open(EFFECTS, "a") as f:
+        f.write("run\n")
+    with open(EFFECTS) as f:
+        return len(f.readlines())
+
+
+@app.post("/orders", status_code=201, dependencies=[idempotency_key()])
+async def create(request: Request, response: Response) -> dict[str, Any]:
+    body = await request.json()
+    n = effect()
+    await asyncio.sleep(float(request.headers.get("x-sleep", 0)))
+    response.headers["Location"] = f"/orders/{n}"
+    return {"order": n, "item": body.get("item")}
+
+
+@app.post("/atomic", status_code=201)
+async def atomic(request: Request, tx: Annotated[onceonly.AsyncTx, idempotent_tx()]) -> Any:
+    body = await request.json()
+    await tx.execute(f"INSERT INTO {ORDERS} (item) VALUES (?)", (body.get("item"),))
+    effect()
+    await asyncio.sleep(float(request.headers.get("x-sleep", 0)))
+    return {"item": body.get("item")}
+
+
+app.add_middleware(
+    IdempotencyMiddleware,
+    store=store,
+    principal=lambda r: r.headers.get("x-user"),
+    lease=float(os.environ.get("LEASE", "30")),
+)
