@@ -27,6 +27,7 @@ SOURCES = [
     "src/onceonly/relay_async.py",
     "src/onceonly/stores/postgres_admin_async.py",
     "src/onceonly/admin_async.py",
+    "src/onceonly/stores/redis_store_async.py",
 ]
 
 RULES: list[tuple[str, str]] = [

@@ -1,0 +1,275 @@
+# SPDX-License-Identifier: MIT
+"""The Redis store's Lua scripts and the pure helpers around them (no I/O).
+
+One hash per record, under one key per ``(scope, key)``::
+
+    {prefix}{<len(scope)>:<scope>:<key>}
+
+The braces make the whole identity the Cluster hash tag, and the length prefix keeps
+``("a:b", "c")`` and ``("a", "b:c")`` apart. Every script touches that one key only, so
+each operation is a single ``EVALSHA`` on whichever node holds it.
+
+Invariants the scripts keep:
+
+* **Time is the server's** (``TIME`` inside the script), kept as integer microseconds
+  in the hash (exact in Lua's doubles until the year 2255) and turned into epoch seconds
+  here. No client clock is ever written.
+* The scripts do **compare-and-set only**: what to write is decided in Python by
+  ``onceonly._core.state`` (``decide`` and the ``*_write`` helpers); ``UPDATE`` re-checks
+  the :class:`~onceonly._core.state.Expect` of that decision (``Expect.matches`` in Lua:
+  token, state and, with ``lapsed``, a lapsed lease or expiry on the server's clock) and
+  stores the whole new record, or nothing.
+* Tokens are 63-bit integers: compared as strings, never as Lua numbers.
+* A completed record with a ttl gets ``expires_at`` in the hash **and** ``PEXPIREAT`` at
+  the same instant, both from the script's ``TIME``. Readers decide from ``expires_at``
+  (``decide`` checks it on the store's now), never from Redis having removed the key.
+  Every other write replaces the hash, which drops any earlier expiry.
+* ``keep_checkpoint`` keeps the checkpoint the hash holds when the script runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from onceonly._core.state import Record, State, Write
+from onceonly.errors import ConfigurationError, CorruptRecord
+
+__all__ = [
+    "CLAIM",
+    "GET",
+    "RENEW",
+    "SAVE_CHECKPOINT",
+    "UPDATE",
+    "check_prefix",
+    "parse_record",
+    "record_key",
+    "seconds",
+    "write_args",
+]
+
+_PRELUDE = """
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function fmt(n) return string.format('%.0f', n) end
+-- Replace the record at k by the write packed in ARGV from index i (see write_args):
+-- created_at carried over, times stamped from now; with keep, the checkpoint the hash
+-- held (``old_cp``, when the record existed) instead of the written one.
+local function put(k, i, now, created, existed, old_cp)
+  local lease, ttl, completed, keep = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local n = tonumber(ARGV[i + 4])
+  local keep_old = keep == '1' and existed
+  local f = {'created_at', fmt(created), 'updated_at', fmt(now)}
+  for j = i + 5, i + 3 + 2 * n, 2 do
+    if not (keep_old and ARGV[j] == 'checkpoint') then
+      f[#f + 1] = ARGV[j]
+      f[#f + 1] = ARGV[j + 1]
+    end
+  end
+  if keep_old and old_cp then
+    f[#f + 1] = 'checkpoint'
+    f[#f + 1] = old_cp
+  end
+  if lease ~= '' then
+    f[#f + 1] = 'lease_until'
+    f[#f + 1] = fmt(now + tonumber(lease))
+  end
+  if completed == '1' then
+    f[#f + 1] = 'completed_at'
+    f[#f + 1] = fmt(now)
+  end
+  local expires = nil
+  if ttl ~= '' then
+    expires = now + tonumber(ttl)
+    f[#f + 1] = 'expires_at'
+    f[#f + 1] = fmt(expires)
+  end
+  redis.call('DEL', k)
+  redis.call('HSET', k, unpack(f))
+  if expires then
+    redis.call('PEXPIREAT', k, fmt(math.ceil(expires / 1000)))
+  end
+  return redis.call('HGETALL', k)
+end
+"""
+
+#: Insert the write packed in ARGV if the key is absent: ``{1, now, record}``; else the
+#: record there: ``{0, now, record}``.
+CLAIM = (
+    _PRELUDE
+    + """
+local k = KEYS[1]
+local now = now_us()
+if redis.call('EXISTS', k) == 1 then
+  return {0, now, redis.call('HGETALL', k)}
+end
+return {1, now, put(k, 1, now, now, false, nil)}
+"""
+)
+
+#: ``{0, now, record}`` (an empty record when the key is absent).
+GET = (
+    _PRELUDE
+    + """
+return {0, now_us(), redis.call('HGETALL', KEYS[1])}
+"""
+)
+
+#: ARGV: expected token, expected state, lapsed ('1'/'0'), then the write from index 4.
+#: Stores the write only if the record is still that version (Expect.matches):
+#: ``{1, now, record}``, else ``{0, now}``.
+UPDATE = (
+    _PRELUDE
+    + """
+local k = KEYS[1]
+local now = now_us()
+local cur = redis.call('HMGET', k, 'token', 'state', 'lease_until', 'expires_at',
+                       'created_at', 'checkpoint')
+if not cur[1] or cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then return {0, now} end
+if ARGV[3] == '1' then
+  if cur[2] == 'completed' then
+    if not cur[4] or tonumber(cur[4]) > now then return {0, now} end
+  elseif cur[3] and tonumber(cur[3]) > now then
+    return {0, now}
+  end
+end
+return {1, now, put(k, 4, now, tonumber(cur[5]) or now, true, cur[6])}
+"""
+)
+
+#: ARGV: token, lease (µs). Extends an in_progress claim held under token:
+#: ``{1, now, lease_until}``, else ``{0, now}``.
+RENEW = (
+    _PRELUDE
+    + """
+local k = KEYS[1]
+local now = now_us()
+local cur = redis.call('HMGET', k, 'token', 'state')
+if cur[1] ~= ARGV[1] or cur[2] ~= 'in_progress' then return {0, now} end
+local lease_until = now + tonumber(ARGV[2])
+redis.call('HSET', k, 'lease_until', fmt(lease_until))
+return {1, now, fmt(lease_until)}
+"""
+)
+
+#: ARGV: token, checkpoint text, lease (µs, '' to keep the lease). ``{1, now}`` when
+#: stored on the in_progress claim held under token, else ``{0, now}``.
+SAVE_CHECKPOINT = (
+    _PRELUDE
+    + """
+local k = KEYS[1]
+local now = now_us()
+local cur = redis.call('HMGET', k, 'token', 'state')
+if cur[1] ~= ARGV[1] or cur[2] ~= 'in_progress' then return {0, now} end
+redis.call('HSET', k, 'checkpoint', ARGV[2], 'updated_at', fmt(now))
+if ARGV[3] ~= '' then
+  redis.call('HSET', k, 'lease_until', fmt(now + tonumber(ARGV[3])))
+end
+return {1, now}
+"""
+)
+
+
+def check_prefix(prefix: object) -> str:
+    """``prefix`` if usable as a key prefix, else :class:`ConfigurationError`.
+
+    Braces are refused: a ``{`` in the prefix would become the Cluster hash tag and put
+    every record in one slot.
+    """
+    if not isinstance(prefix, str):
+        raise ConfigurationError(f"prefix must be a str, not {type(prefix).__name__}")
+    if "{" in prefix or "}" in prefix:
+        raise ConfigurationError(f"the key prefix {prefix!r} must not contain braces")
+    if len(prefix) > 200 or any(ord(ch) < 0x20 for ch in prefix):
+        raise ConfigurationError(
+            f"the key prefix {prefix!r} must be at most 200 printable characters"
+        )
+    return prefix
+
+
+def record_key(prefix: str, scope: str, key: str) -> str:
+    """The Redis key of the record ``(scope, key)`` (see the module docstring)."""
+    return f"{prefix}{{{len(scope)}:{scope}:{key}}}"
+
+
+def micros(value: float) -> str:
+    """Seconds as integer microseconds, the unit of every time in the hash."""
+    return str(round(value * 1_000_000))
+
+
+def seconds(value: Any) -> float:
+    """Integer microseconds (as Redis returns them) as epoch seconds."""
+    return int(_text(value)) / 1_000_000
+
+
+def write_args(write: Write) -> list[str]:
+    """``write`` packed as the scripts read it: lease, ttl (µs, '' for none),
+    completed, keep_checkpoint ('1'/'0'), the number of fields, then name/value pairs."""
+    fields: list[tuple[str, str | None]] = [
+        ("state", write.state.value),
+        ("token", str(write.token)),
+        ("attempts", str(write.attempts)),
+        ("fingerprint", write.fingerprint),
+        ("result", write.result),
+        ("error", write.error),
+        ("payload", write.payload),
+        ("checkpoint", write.checkpoint),
+    ]
+    pairs = [(name, value) for name, value in fields if value is not None]
+    args = [
+        "" if write.lease_seconds is None else micros(write.lease_seconds),
+        "" if write.ttl_seconds is None else micros(write.ttl_seconds),
+        "1" if write.completed else "0",
+        "1" if write.keep_checkpoint else "0",
+        str(len(pairs)),
+    ]
+    for name, value in pairs:
+        assert value is not None
+        args += [name, value]
+    return args
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def parse_record(scope: str, key: str, flat: Sequence[Any]) -> Record | None:
+    """The record of an ``HGETALL`` reply (``None`` when empty).
+
+    Raises:
+        CorruptRecord: a hash this store did not write (unknown state, missing fields).
+    """
+    if not flat:
+        return None
+    h = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+    def time(name: str) -> float | None:
+        value = h.get(name)
+        return None if value is None else seconds(value)
+
+    try:
+        return Record(
+            scope=scope,
+            key=key,
+            state=State.parse(h["state"], key=key),
+            fingerprint=h.get("fingerprint"),
+            token=int(h["token"]),
+            attempts=int(h["attempts"]),
+            lease_until=time("lease_until"),
+            result=h.get("result"),
+            error=h.get("error"),
+            payload=h.get("payload"),
+            checkpoint=h.get("checkpoint"),
+            created_at=time("created_at") or 0.0,
+            updated_at=time("updated_at") or 0.0,
+            completed_at=time("completed_at"),
+            expires_at=time("expires_at"),
+        )
+    except (KeyError, ValueError) as exc:
+        raise CorruptRecord(
+            f"the Redis hash of this record is not one onceonly wrote ({exc!r})",
+            scope=scope,
+            key=key,
+        ) from None
