@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""A Redis restart under the Redis store, on a redis-server of the test's own (docs/redis.md).
+"""A Redis crash under the Redis store, on a redis-server of the test's own (docs/stores.md).
 
 What a crash of Redis (SIGKILL, then start again) does to completed keys:
 

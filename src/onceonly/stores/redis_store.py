@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 # This file was generated from redis_store_async.py by tools/unasync.py: do not edit it.
-"""The Redis store (``redis://``, ``rediss://``): leased mode only (docs/redis.md).
+"""The Redis store (``redis://``, ``rediss://``): leased mode only (docs/stores.md, "Redis").
 
 Every operation of the store contract (claim, get, update, insert, renew,
 save_checkpoint) is **one** ``EVALSHA`` of a script of :mod:`onceonly.stores._redis_lua`

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""The Redis store (``redis://``, ``rediss://``): leased mode only (docs/redis.md).
+"""The Redis store (``redis://``, ``rediss://``): leased mode only (docs/stores.md, "Redis").
 
 Every operation of the store contract (claim, get, update, insert, renew,
 save_checkpoint) is **one** ``EVALSHA`` of a script of :mod:`onceonly.stores._redis_lua`
