@@ -186,12 +186,17 @@ def test_unreachable_redis_is_store_unavailable() -> None:
 
 
 def test_foreign_values_are_typed_errors(store: Any, client: Any) -> None:
-    """A hash onceonly did not write is CorruptRecord; another type at the key StoreError."""
+    """A hash onceonly did not write (an unknown state, bytes that are not UTF-8) is
+    CorruptRecord; another type at the key StoreError."""
     client.hset(key_of(store, "fn", "odd"), mapping={"state": "exploded", "token": 1})
     client.set(key_of(store, "fn", "str"), "not a hash")
+    bad_utf8 = {"state": "completed", "token": 1, "attempts": 0, "result": b"\xff\xfe"}
+    client.hset(key_of(store, "fn", "bytes"), mapping=bad_utf8)
     with store.session() as s:
         with pytest.raises(onceonly.CorruptRecord):
             s.get("fn", "odd")
+        with pytest.raises(onceonly.CorruptRecord):
+            s.get("fn", "bytes")
         with pytest.raises(onceonly.StoreError, match="WRONGTYPE"):
             s.get("fn", "str")
 

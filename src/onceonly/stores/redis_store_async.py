@@ -84,11 +84,11 @@ class AsyncRedisSession:
             reply = await store.scripts[script](
                 keys=[lua.record_key(store.prefix, scope, key)], args=args
             )
-        return list(reply)
+        return lua.parse_reply(reply, scope, key)
 
     async def claim(self, scope: str, key: str, write: Write) -> Snapshot:
         """Insert ``write`` if ``(scope, key)`` is absent, else return the record there."""
-        reply = await self._call("claim", scope, key, lua.write_args(write))
+        reply = await self._call("claim", scope, key, [lua.write_arg(write)])
         return Snapshot(
             lua.parse_record(scope, key, reply[2]), lua.seconds(reply[1]), inserted=reply[0] == 1
         )
@@ -101,7 +101,7 @@ class AsyncRedisSession:
     async def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
         """Store ``write`` if the record is still the version ``expect``; else ``None``."""
         args = [str(expect.token), expect.state.value, "1" if expect.lapsed else "0"]
-        reply = await self._call("update", scope, key, args + lua.write_args(write))
+        reply = await self._call("update", scope, key, [*args, lua.write_arg(write)])
         if reply[0] != 1:
             return None
         return lua.parse_record(scope, key, reply[2])
