@@ -28,6 +28,7 @@ SOURCES = [
     "src/onceonly/stores/postgres_admin_async.py",
     "src/onceonly/admin_async.py",
     "src/onceonly/stores/redis_store_async.py",
+    "src/onceonly/stores/tiered_async.py",
 ]
 
 RULES: list[tuple[str, str]] = [
