@@ -41,6 +41,7 @@ RULES: list[tuple[str, str]] = [
     (r"\bagather\b", "gather"),
     (r"\basync for\b", "for"),
     (r"\basynccontextmanager\b", "contextmanager"),
+    (r"\benter_async_context\b", "enter_context"),
     (r"\bAbstractAsyncContextManager\b", "AbstractContextManager"),
     (r"\bAsyncIterator\b", "Iterator"),
     (r"\bcurrent_async_claim\b", "current_claim"),

@@ -52,6 +52,7 @@ class Counted:
 
         @contextmanager
         def cm() -> Iterator[Any]:
+            self.ops["session()"] += 1
             with self.store.session() as s:
                 yield self._wrap(s)
 
@@ -62,6 +63,7 @@ class Counted:
 
         @contextmanager
         def cm() -> Iterator[Any]:
+            self.ops["transaction()"] += 1
             with self.store.transaction(connection, lock_wait=lock_wait) as s:
                 yield self._wrap(s)
 
@@ -100,7 +102,7 @@ def test_a_replay_from_the_local_tier_costs_no_round_trip(durable: Any) -> None:
     runs: list[str] = []
     charge = charge_fn(store, runs)
     assert charge("o-1") == "charged o-1 1"
-    assert counted.ops == Counter(claim=1, update=1)
+    assert counted.ops == Counter({"session()": 2, "claim": 1, "update": 1})
     counted.ops.clear()
     assert [charge("o-1") for _ in range(5)] == ["charged o-1 1"] * 5
     assert counted.ops == Counter() and store.hits["local"] == 5
@@ -127,9 +129,11 @@ def test_other_processes_replay_from_the_redis_tier(
 
 def test_inbox_stays_atomic_and_replays_from_the_tier(durable: Any) -> None:
     """The inbox claims in the durable store's transaction (the business row commits with
-    it); a duplicate replays from the tier; a rolled-back run caches nothing."""
+    it); a duplicate replays from the tier without opening one; a rolled-back run caches
+    nothing."""
     count = business_table(durable)
-    store = TieredStore(durable, local=LocalTier())
+    counted = Counted(durable)
+    store = TieredStore(counted, local=LocalTier())
     inbox = onceonly.Inbox(store, consumer="billing")
     ledger = f"{durable.table}_ledger"
 
@@ -140,7 +144,9 @@ def test_inbox_stays_atomic_and_replays_from_the_tier(durable: Any) -> None:
         return "ok"
 
     assert inbox.process("m-1", {"id": "m-1"}, handler).replayed is False
+    counted.ops.clear()
     assert inbox.process("m-1", {"id": "m-1"}, handler).replayed is True
+    assert counted.ops == Counter()  # no transaction, no connection
     assert store.hits["local"] == 1 and count() == 1
     with pytest.raises(RuntimeError):
         inbox.process("m-2", {"id": "m-2", "boom": True}, handler)

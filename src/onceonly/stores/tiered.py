@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from onceonly._core.admin import PurgeRule, Query, ScopeStats
@@ -115,31 +115,42 @@ class RedisTier:
 
 
 class TieredSession:
-    """A session of the durable store whose claims look in the tiers first."""
+    """A session whose claims look in the tiers first. The durable store's session (or
+    transaction) is opened on the first operation that needs it, so a replay answered by
+    a tier opens nothing (no connection, no ``BEGIN``)."""
 
     def __init__(
         self,
         store: TieredStore,
-        inner: Session,
+        opener: Callable[[], AbstractContextManager[Session]],
+        stack: ExitStack,
         *,
         at_commit: list[Record] | None = None,
         joined: bool = False,
     ) -> None:
         self._store = store
-        self._inner = inner
+        self._opener = opener
+        self._stack = stack
+        self._opened: Session | None = None
         # None: autocommit, cache at once; a list: cache when the transaction commits
         self._at_commit = at_commit
         self._joined = joined  # inside the caller's transaction: never cache
 
+    def _inner(self) -> Session:
+        if self._opened is None:
+            self._opened = self._stack.enter_context(self._opener())
+        return self._opened
+
     @property
     def connection(self) -> Any:
-        return self._inner.connection
+        """The durable session's connection (``None`` before any operation opened it)."""
+        return None if self._opened is None else self._opened.connection
 
     def execute(self, sql: str, params: Params = None) -> Any:
-        return self._inner.execute(sql, params)
+        return (self._inner()).execute(sql, params)
 
     def health(self) -> TxHealth:
-        return self._inner.health()
+        return TxHealth.OK if self._opened is None else self._opened.health()
 
     def _fill(self, record: Record) -> None:
         if self._joined:
@@ -154,7 +165,7 @@ class TieredSession:
         cached = self._store.cached(scope, key, write.fingerprint)
         if cached is not None:
             return Snapshot(cached, self._store.clock.now())
-        snap = self._inner.claim(scope, key, write)
+        snap = (self._inner()).claim(scope, key, write)
         self._store.clock.saw(snap.now)
         self._store.hits["durable"] += 1
         if not snap.inserted and snap.record is not None and cacheable(snap.record):
@@ -162,12 +173,12 @@ class TieredSession:
         return snap
 
     def get(self, scope: str, key: str) -> Snapshot:
-        snap = self._inner.get(scope, key)
+        snap = (self._inner()).get(scope, key)
         self._store.clock.saw(snap.now)
         return snap
 
     def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
-        record = self._inner.update(scope, key, expect, write)
+        record = (self._inner()).update(scope, key, expect, write)
         if record is not None:
             self._store.local_drop(scope, key)
             if cacheable(record):
@@ -176,15 +187,16 @@ class TieredSession:
         return record
 
     def insert(self, scope: str, key: str, write: Write) -> Record | None:
-        return self._inner.insert(scope, key, write)
+        return (self._inner()).insert(scope, key, write)
 
     def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
-        return self._inner.renew(scope, key, token, lease_seconds)
+        return (self._inner()).renew(scope, key, token, lease_seconds)
 
     def save_checkpoint(
         self, scope: str, key: str, token: int, checkpoint: str, lease_seconds: float | None = None
     ) -> bool:
-        return self._inner.save_checkpoint(scope, key, token, checkpoint, lease_seconds)
+        inner = self._inner()
+        return inner.save_checkpoint(scope, key, token, checkpoint, lease_seconds)
 
 
 class TieredStore:
@@ -264,16 +276,22 @@ class TieredStore:
 
     @contextmanager
     def session(self) -> Iterator[TieredSession]:
-        with self.durable.session() as inner:
-            yield TieredSession(self, inner)
+        with ExitStack() as stack:
+            yield TieredSession(self, self.durable.session, stack)
 
     @contextmanager
     def transaction(
         self, connection: Any = None, *, lock_wait: float = 5.0
     ) -> Iterator[TieredSession]:
         at_commit: list[Record] = []
-        with self.durable.transaction(connection, lock_wait=lock_wait) as inner:
-            yield TieredSession(self, inner, at_commit=at_commit, joined=connection is not None)
+
+        def opener() -> AbstractContextManager[Session]:
+            return self.durable.transaction(connection, lock_wait=lock_wait)
+
+        with ExitStack() as stack:
+            yield TieredSession(
+                self, opener, stack, at_commit=at_commit, joined=connection is not None
+            )
         for record in at_commit:  # committed: what it read or wrote may be cached
             self.fill(record)
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from onceonly._core.admin import PurgeRule, Query, ScopeStats
@@ -114,31 +114,42 @@ class AsyncRedisTier:
 
 
 class AsyncTieredSession:
-    """A session of the durable store whose claims look in the tiers first."""
+    """A session whose claims look in the tiers first. The durable store's session (or
+    transaction) is opened on the first operation that needs it, so a replay answered by
+    a tier opens nothing (no connection, no ``BEGIN``)."""
 
     def __init__(
         self,
         store: AsyncTieredStore,
-        inner: AsyncSession,
+        opener: Callable[[], AbstractAsyncContextManager[AsyncSession]],
+        stack: AsyncExitStack,
         *,
         at_commit: list[Record] | None = None,
         joined: bool = False,
     ) -> None:
         self._store = store
-        self._inner = inner
+        self._opener = opener
+        self._stack = stack
+        self._opened: AsyncSession | None = None
         # None: autocommit, cache at once; a list: cache when the transaction commits
         self._at_commit = at_commit
         self._joined = joined  # inside the caller's transaction: never cache
 
+    async def _inner(self) -> AsyncSession:
+        if self._opened is None:
+            self._opened = await self._stack.enter_async_context(self._opener())
+        return self._opened
+
     @property
     def connection(self) -> Any:
-        return self._inner.connection
+        """The durable session's connection (``None`` before any operation opened it)."""
+        return None if self._opened is None else self._opened.connection
 
     async def execute(self, sql: str, params: Params = None) -> Any:
-        return await self._inner.execute(sql, params)
+        return await (await self._inner()).execute(sql, params)
 
     def health(self) -> TxHealth:
-        return self._inner.health()
+        return TxHealth.OK if self._opened is None else self._opened.health()
 
     async def _fill(self, record: Record) -> None:
         if self._joined:
@@ -153,7 +164,7 @@ class AsyncTieredSession:
         cached = await self._store.cached(scope, key, write.fingerprint)
         if cached is not None:
             return Snapshot(cached, self._store.clock.now())
-        snap = await self._inner.claim(scope, key, write)
+        snap = await (await self._inner()).claim(scope, key, write)
         self._store.clock.saw(snap.now)
         self._store.hits["durable"] += 1
         if not snap.inserted and snap.record is not None and cacheable(snap.record):
@@ -161,12 +172,12 @@ class AsyncTieredSession:
         return snap
 
     async def get(self, scope: str, key: str) -> Snapshot:
-        snap = await self._inner.get(scope, key)
+        snap = await (await self._inner()).get(scope, key)
         self._store.clock.saw(snap.now)
         return snap
 
     async def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
-        record = await self._inner.update(scope, key, expect, write)
+        record = await (await self._inner()).update(scope, key, expect, write)
         if record is not None:
             self._store.local_drop(scope, key)
             if cacheable(record):
@@ -175,15 +186,16 @@ class AsyncTieredSession:
         return record
 
     async def insert(self, scope: str, key: str, write: Write) -> Record | None:
-        return await self._inner.insert(scope, key, write)
+        return await (await self._inner()).insert(scope, key, write)
 
     async def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
-        return await self._inner.renew(scope, key, token, lease_seconds)
+        return await (await self._inner()).renew(scope, key, token, lease_seconds)
 
     async def save_checkpoint(
         self, scope: str, key: str, token: int, checkpoint: str, lease_seconds: float | None = None
     ) -> bool:
-        return await self._inner.save_checkpoint(scope, key, token, checkpoint, lease_seconds)
+        inner = await self._inner()
+        return await inner.save_checkpoint(scope, key, token, checkpoint, lease_seconds)
 
 
 class AsyncTieredStore:
@@ -263,17 +275,21 @@ class AsyncTieredStore:
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[AsyncTieredSession]:
-        async with self.durable.session() as inner:
-            yield AsyncTieredSession(self, inner)
+        async with AsyncExitStack() as stack:
+            yield AsyncTieredSession(self, self.durable.session, stack)
 
     @asynccontextmanager
     async def transaction(
         self, connection: Any = None, *, lock_wait: float = 5.0
     ) -> AsyncIterator[AsyncTieredSession]:
         at_commit: list[Record] = []
-        async with self.durable.transaction(connection, lock_wait=lock_wait) as inner:
+
+        def opener() -> AbstractAsyncContextManager[AsyncSession]:
+            return self.durable.transaction(connection, lock_wait=lock_wait)
+
+        async with AsyncExitStack() as stack:
             yield AsyncTieredSession(
-                self, inner, at_commit=at_commit, joined=connection is not None
+                self, opener, stack, at_commit=at_commit, joined=connection is not None
             )
         for record in at_commit:  # committed: what it read or wrote may be cached
             await self.fill(record)
