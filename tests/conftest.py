@@ -171,6 +171,15 @@ def leased_store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iter
     factory.close()
 
 
+@pytest.fixture(params=[*SQL_KINDS, "redis"])
+def shared_leased_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Stores that several processes share in leased mode: the SQL ones and Redis
+    (``factory.table`` is then the key prefix)."""
+    factory = StoreFactory(request.param, tmp_path)
+    yield factory
+    factory.close()
+
+
 @pytest.fixture
 def leased_store(leased_store_factory: StoreFactory) -> Any:
     s = leased_store_factory()

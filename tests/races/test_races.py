@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,14 +170,6 @@ def test_idempotent_threads_run_each_key_once(
 
     runs = run_threads(call)
     check_leased_results(runs, workers, _worker.read_effects(effects))
-
-
-@pytest.fixture(params=["sqlite", "postgres", "redis"])
-def shared_leased_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
-    """Stores that several processes share: the SQL ones and Redis."""
-    factory = StoreFactory(request.param, tmp_path)
-    yield factory
-    factory.close()
 
 
 @pytest.mark.timeout(60)
