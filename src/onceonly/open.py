@@ -3,7 +3,8 @@
 
 ``sqlite:///relative.db``, ``sqlite:////absolute/path.db``,
 ``postgresql://user@host:5432/db`` (extra ``onceonly[postgres]``), ``memory://``,
-``redis://host:6379/0`` and ``rediss://`` (extra ``onceonly[redis]``; leased mode only).
+``redis://host:6379/0``, ``rediss://``, ``redis+cluster://``, ``redis+sentinel://``
+(extra ``onceonly[redis]``; leased mode only).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from onceonly.types import AsyncStore, Store
 __all__ = ["open_async_store", "open_store"]
 
 _POSTGRES = ("postgresql", "postgres", "postgresql+psycopg")
-_REDIS = ("redis", "rediss")
+_REDIS = (
+    "redis",
+    "rediss",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+)
 
 
 def _scheme(url: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 from onceonly._core.state import Expect, Record, Write
 from onceonly.errors import ConfigurationError, StoreError, StoreUnavailable
 from onceonly.stores import _redis_lua as lua
+from onceonly.stores import _redis_url
 from onceonly.types import Params, Snapshot, TxHealth
 
 try:
@@ -59,6 +60,28 @@ def _errors(scope: str | None = None, key: str | None = None) -> Iterator[None]:
         raise StoreError(f"Redis refused the operation: {exc}", scope=scope, key=key) from exc
     except rexc.RedisError as exc:
         raise StoreError(f"Redis failed: {exc}", scope=scope, key=key) from exc
+
+
+def _open_client(url: str, timeout: float) -> Any:
+    """A redis-py client for ``url`` (see :mod:`onceonly.stores._redis_url`)."""
+    target = _redis_url.parse(url)
+    timeouts: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    try:
+        if target.kind == "server":
+            return redis_client.Redis.from_url(target.url, **timeouts)
+        if target.kind == "cluster":
+            return redis_client.RedisCluster.from_url(target.url, **timeouts)
+    except ValueError as exc:
+        raise ConfigurationError(f"bad Redis URL {url!r}: {exc}") from exc
+    sentinel: Any = redis_client.Sentinel(list(target.sentinels), **timeouts)  # type: ignore[no-untyped-call, unused-ignore]
+    return sentinel.master_for(
+        target.service,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        ssl=target.ssl,
+        **timeouts,
+    )
 
 
 class AsyncRedisSession:
@@ -130,8 +153,10 @@ class AsyncRedisStore:
     """Records in Redis, one hash per record; leased mode only.
 
     Args:
-        url: ``redis://[user:password@]host:6379/0`` or ``rediss://…`` (TLS); any query
-            options redis-py's ``from_url`` takes.
+        url: ``redis://[user:password@]host:6379/0`` or ``rediss://…`` (TLS), with any
+            query options redis-py's ``from_url`` takes; ``redis+cluster://host:7000`` for
+            a Redis Cluster; ``redis+sentinel://host:26379[,host:26379]/service[/db]`` for
+            the master Sentinel names (:mod:`onceonly.stores._redis_url`).
         prefix: put before every record's key (no braces); one prefix per application
             or environment sharing a Redis.
         client: a redis-py client to use instead of opening one from ``url`` (not closed
@@ -162,12 +187,7 @@ class AsyncRedisStore:
         self.url = url if url is not None else "redis://"
         self._owned = client is None
         if url is not None:
-            try:
-                client = redis_client.Redis.from_url(
-                    url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
-                )
-            except ValueError as exc:
-                raise ConfigurationError(f"bad Redis URL {url!r}: {exc}") from exc
+            client = _open_client(url, socket_timeout)
         self.client: Any = client
         self.scripts = {
             "claim": client.register_script(lua.CLAIM),
