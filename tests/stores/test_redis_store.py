@@ -238,3 +238,28 @@ async def test_async_store_runs_and_replays(factory: StoreFactory) -> None:
         assert calls == [1, 2]
     finally:
         await astore.close()
+
+
+def test_a_written_record_equals_the_stored_one(store: Any) -> None:
+    """What claim and update return (built from the write) is the hash, field for field:
+    a claim, a takeover keeping a checkpoint, a completion with a ttl."""
+    from onceonly._core.state import Expect, State, Write, complete_write
+
+    policy = Policy(0.2, 5)
+    with store.session() as s:
+        first = s.claim("fn", "k", claim_write("fp", new_token(), policy))
+        assert first.inserted and first.record == s.get("fn", "k").record
+        assert s.save_checkpoint("fn", "k", first.record.token, '{"a":1}', None)
+        time.sleep(0.25)
+        token = new_token()
+        takeover = Write(
+            State.IN_PROGRESS, token, "fp", 1, lease_seconds=30, checkpoint=None,
+            keep_checkpoint=True,
+        )  # fmt: skip
+        taken = s.update("fn", "k", Expect(first.record.token, State.IN_PROGRESS, lapsed=True),
+                         takeover)  # fmt: skip
+        assert taken is not None and taken.checkpoint == '{"a":1}'
+        assert taken == s.get("fn", "k").record
+        done = s.update("fn", "k", Expect.holder(token), complete_write(taken, "1", 60.5))
+        assert done is not None and done == s.get("fn", "k").record
+        assert done.created_at == first.record.created_at and done.expires_at is not None

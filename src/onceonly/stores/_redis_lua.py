@@ -51,6 +51,7 @@ __all__ = [
     "record_key",
     "seconds",
     "write_arg",
+    "written",
 ]
 
 _PRELUDE = """
@@ -66,7 +67,9 @@ local function reply(status, now, value)
 end
 -- Replace the record at k by the write packed as JSON in ARGV[i] (see write_arg):
 -- created_at carried over, times stamped from now; with keep, the checkpoint the hash
--- held (``old_cp``, when the record existed) instead of the written one.
+-- held (``old_cp``, when the record existed) instead of the written one. Answers
+-- {created_at, the kept checkpoint or false}: the client builds the record from its
+-- write (``written``), so the hash is not read back.
 local function put(k, i, now, created, existed, old_cp)
   local w = cjson.decode(ARGV[i])
   local lease, ttl, completed, keep = w[1], w[2], w[3], w[4]
@@ -96,24 +99,27 @@ local function put(k, i, now, created, existed, old_cp)
     f[#f + 1] = 'expires_at'
     f[#f + 1] = fmt(expires)
   end
-  redis.call('DEL', k)
+  if existed then
+    redis.call('DEL', k)
+  end
   redis.call('HSET', k, unpack(f))
   if expires then
     redis.call('PEXPIREAT', k, fmt(math.ceil(expires / 1000)))
   end
-  return redis.call('HGETALL', k)
+  return {fmt(created), keep_old and (old_cp or false) or false}
 end
 """
 
-#: Insert the write (ARGV[1]) if the key is absent: ``{1, now, record}``; else the
+#: Insert the write (ARGV[1]) if the key is absent: ``{1, now, put's answer}``; else the
 #: record there: ``{0, now, record}``.
 CLAIM = (
     _PRELUDE
     + """
 local k = KEYS[1]
 local now = now_us()
-if redis.call('EXISTS', k) == 1 then
-  return reply(0, now, redis.call('HGETALL', k))
+local h = redis.call('HGETALL', k)
+if #h > 0 then
+  return reply(0, now, h)
 end
 return reply(1, now, put(k, 1, now, now, false, nil))
 """
@@ -129,7 +135,7 @@ return reply(0, now_us(), redis.call('HGETALL', KEYS[1]))
 
 #: ARGV: expected token, expected state, lapsed ('1'/'0'), the write.
 #: Stores the write only if the record is still that version (Expect.matches):
-#: ``{1, now, record}``, else ``{0, now}``.
+#: ``{1, now, put's answer}``, else ``{0, now}``.
 UPDATE = (
     _PRELUDE
     + """
@@ -239,6 +245,34 @@ def write_arg(write: Write) -> str:
         assert value is not None
         args += [name, value]
     return json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+
+
+def written(
+    scope: str, key: str, write: Write, now: int, answer: Sequence[Any], *, existed: bool
+) -> Record:
+    """The record a script's ``put`` stored for ``write`` at ``now`` (µs), from its answer
+    ``[created_at, kept checkpoint or false]``: the same arithmetic as the script's, on
+    integer microseconds, so it equals the hash field for field."""
+    lease = None if write.lease_seconds is None else int(micros(write.lease_seconds))
+    ttl = None if write.ttl_seconds is None else int(micros(write.ttl_seconds))
+    kept = answer[1] if isinstance(answer[1], str) else None
+    return Record(
+        scope=scope,
+        key=key,
+        state=write.state,
+        fingerprint=write.fingerprint,
+        token=write.token,
+        attempts=write.attempts,
+        lease_until=None if lease is None else (now + lease) / 1_000_000,
+        result=write.result,
+        error=write.error,
+        payload=write.payload,
+        checkpoint=kept if write.keep_checkpoint and existed else write.checkpoint,
+        created_at=int(answer[0]) / 1_000_000,
+        updated_at=now / 1_000_000,
+        completed_at=now / 1_000_000 if write.completed else None,
+        expires_at=None if ttl is None else (now + ttl) / 1_000_000,
+    )
 
 
 def parse_reply(reply: Any, scope: str, key: str) -> list[Any]:

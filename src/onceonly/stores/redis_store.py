@@ -111,9 +111,11 @@ class RedisSession:
     def claim(self, scope: str, key: str, write: Write) -> Snapshot:
         """Insert ``write`` if ``(scope, key)`` is absent, else return the record there."""
         reply = self._call("claim", scope, key, [lua.write_arg(write)])
-        return Snapshot(
-            lua.parse_record(scope, key, reply[2]), lua.seconds(reply[1]), inserted=reply[0] == 1
-        )
+        now = int(reply[1])
+        if reply[0] == 1:
+            record = lua.written(scope, key, write, now, reply[2], existed=False)
+            return Snapshot(record, now / 1_000_000, inserted=True)
+        return Snapshot(lua.parse_record(scope, key, reply[2]), now / 1_000_000)
 
     def get(self, scope: str, key: str) -> Snapshot:
         """The record of ``(scope, key)`` (or ``None``) and the server's now."""
@@ -126,7 +128,7 @@ class RedisSession:
         reply = self._call("update", scope, key, [*args, lua.write_arg(write)])
         if reply[0] != 1:
             return None
-        return lua.parse_record(scope, key, reply[2])
+        return lua.written(scope, key, write, int(reply[1]), reply[2], existed=True)
 
     def insert(self, scope: str, key: str, write: Write) -> Record | None:
         """Insert ``write`` if ``(scope, key)`` is absent; else ``None``."""
