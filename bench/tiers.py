@@ -6,7 +6,9 @@
    trip), by 1 thread: calls/s, against the same replays answered by PostgreSQL.
 2. ``Inbox.process`` on PostgreSQL (atomic mode: the claim, one ledger insert and the
    completion in one transaction) on a stream where 70 % of the deliveries repeat an
-   earlier message id, by 1 and 8 threads, for three stores: PostgreSQL alone; with a
+   earlier message id, then on one where every key is new (the Redis tier's lookup that
+   misses is then pure cost: what a Bloom pre-check could save at most), by 1 and 8
+   threads, for three stores (alternating in 0.5 s slices; medians): PostgreSQL alone; with a
    Redis tier only (what a fleet of processes shares); with a local tier and a Redis
    tier. Per delivery: PostgreSQL store operations and Redis commands, counted in a
    separate untimed pass of the same stream.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import threading
 import time
 import uuid
@@ -34,20 +37,23 @@ from onceonly.stores.tiered import RedisTier, TieredStore
 
 PG_URL = os.environ.get("ONCEONLY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("ONCEONLY_TEST_REDIS", "redis://127.0.0.1:6379/0")
-DUPLICATES = 0.7
+DUPLICATES = (0.7, 0.0)  # the second: every key new, what a Bloom pre-check could save
 OPS = ("claim", "get", "update", "insert")
+SLICE = 0.5  # seconds: the stores alternate in slices this long (medians)
 
 
 class Stream:
-    """Message ids where each delivery repeats an earlier id with probability 0.7."""
+    """Message ids where each delivery repeats an earlier id with probability
+    ``duplicates``."""
 
-    def __init__(self, tag: str, seed: int = 1) -> None:
+    def __init__(self, tag: str, duplicates: float, seed: int = 1) -> None:
         self.tag, self.rng, self.seen = tag, random.Random(seed), 0
+        self.duplicates = duplicates
         self.lock = threading.Lock()
 
     def next(self) -> str:
         with self.lock:
-            if self.seen and self.rng.random() < DUPLICATES:
+            if self.seen and self.rng.random() < self.duplicates:
                 return f"{self.tag}-{self.rng.randrange(self.seen)}"
             self.seen += 1
             return f"{self.tag}-{self.seen - 1}"
@@ -141,10 +147,7 @@ def main() -> None:
             rate = run_for(lambda fn=noop: fn("k"), 1, args.seconds)  # type: ignore[misc]
             print(f"  {name:<12} {rate:>10,.0f} replays/s")
 
-        # 2. the inbox on a 70 %-duplicate stream
-        print(f"\nInbox on PostgreSQL, {DUPLICATES:.0%} duplicates, one ledger insert per run")
-        print(f"  {'store':<22} {'c1 msg/s':>9} {'c8 msg/s':>9}  pg ops  redis cmds  (per msg)")
-
+        # 2. the inbox on a 70 %-duplicate stream, then on new keys only
         def handler(msg: dict[str, Any], tx: Any) -> str:
             tx.execute(f"INSERT INTO {ledger} (id, amount) VALUES (?, ?)", (msg["id"], 1))
             return "ok"
@@ -159,36 +162,49 @@ def main() -> None:
                 ),
             ),
         ]
-        for i, (name, make) in enumerate(configs):
-            store = make()
-            inbox = onceonly.Inbox(store, consumer=f"bench{i}", wait=10)
-            rates = []
+        slices = max(1, round(args.seconds / SLICE))
+        for dup in DUPLICATES:
+            print(f"\nInbox on PostgreSQL, {dup:.0%} duplicates, one ledger insert per run")
+            print(f"  {'store':<22} {'c1 msg/s':>9} {'c8 msg/s':>9}  pg ops  redis cmds  (per msg)")
+            inboxes = [
+                onceonly.Inbox(make(), consumer=f"bench{i}-{dup}", wait=10)
+                for i, (_, make) in enumerate(configs)
+            ]
+            rates: dict[tuple[int, int], list[float]] = {}
             for threads in (1, 8):
-                stream = Stream(f"{name}-{threads}")
+                streams = [Stream(f"{i}-{threads}-{dup}", dup) for i in range(len(configs))]
 
-                def deliver(inbox: Any = inbox, stream: Stream = stream) -> None:
+                def deliver(inbox: Any, stream: Stream) -> None:
                     key = stream.next()
                     inbox.process(key, {"id": key}, handler)
 
-                for _ in range(300):  # warm: earlier ids to repeat
-                    deliver()
-                rates.append(run_for(deliver, threads, args.seconds))
-            stream = Stream(f"{name}-count")
-            counted = Counter[str]()
+                for inbox, stream in zip(inboxes, streams, strict=True):
+                    for _ in range(300):  # warm: earlier ids to repeat
+                        deliver(inbox, stream)
+                for _ in range(slices):  # alternate, so all see the same machine load
+                    for i, (inbox, stream) in enumerate(zip(inboxes, streams, strict=True)):
+                        rates.setdefault((i, threads), []).append(
+                            run_for(lambda ib=inbox, st=stream: deliver(ib, st), threads, SLICE)
+                        )
+            for i, (name, _) in enumerate(configs):
+                inbox = inboxes[i]
+                stream = Stream(f"{i}-count-{dup}", dup)
+                counted = Counter[str]()
 
-            def deliver_counted(
-                inbox: Any = inbox, stream: Stream = stream, counted: Counter[str] = counted
-            ) -> None:
-                key = stream.next()
-                counted[
-                    "replayed" if inbox.process(key, {"id": key}, handler).replayed else "run"
-                ] += 1
+                def deliver_counted(
+                    inbox: Any = inbox, stream: Stream = stream, counted: Counter[str] = counted
+                ) -> None:
+                    key = stream.next()
+                    replayed = inbox.process(key, {"id": key}, handler).replayed
+                    counted["replayed" if replayed else "run"] += 1
 
-            pg_ops, redis_ops = count_ops(store, cache.client, deliver_counted, 2000)
-            print(
-                f"  {name:<22} {rates[0]:>9,.0f} {rates[1]:>9,.0f}  {pg_ops:>6.2f}"
-                f"  {redis_ops:>10.2f}  ({counted['replayed'] / 2000:.0%} replayed)"
-            )
+                pg_ops, redis_ops = count_ops(inbox.store, cache.client, deliver_counted, 2000)
+                c1 = statistics.median(rates[i, 1])
+                c8 = statistics.median(rates[i, 8])
+                print(
+                    f"  {name:<22} {c1:>9,.0f} {c8:>9,.0f}  {pg_ops:>6.2f}"
+                    f"  {redis_ops:>10.2f}  ({counted['replayed'] / 2000:.0%} replayed)"
+                )
     finally:
         with pg.transaction() as s:
             s.execute(f"DROP TABLE IF EXISTS {ledger}")
