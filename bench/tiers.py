@@ -32,8 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import onceonly
-from onceonly.stores._tiers import LocalTier
-from onceonly.stores.tiered import RedisTier, TieredStore
+from onceonly.stores.tiered import LocalTier, RedisTier, TieredStore
 
 PG_URL = os.environ.get("ONCEONLY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("ONCEONLY_TEST_REDIS", "redis://127.0.0.1:6379/0")

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 import onceonly
-from onceonly.stores._tiers import LocalTier
-from onceonly.stores.tiered import RedisTier, TieredStore
+from onceonly.stores.tiered import LocalTier, RedisTier, TieredStore
 from tests.conftest import REDIS_URL, StoreFactory, business_table, require_redis
 
 OPS = ("claim", "get", "update", "insert", "renew", "save_checkpoint")

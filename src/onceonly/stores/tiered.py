@@ -48,7 +48,13 @@ from onceonly.types import AdminStore, Params, Session, Snapshot, Store, TxHealt
 if TYPE_CHECKING:
     from onceonly.stores.redis_store import RedisStore
 
-__all__ = ["RedisTier", "TieredAdmin", "TieredSession", "TieredStore"]
+__all__ = [
+    "RedisTier",
+    "TieredAdmin",
+    "TieredSession",
+    "TieredStore",
+    "LocalTier",  # re-exported: the in-process tier, the same for sync and async
+]
 
 log = logging.getLogger("onceonly.tiers")
 

@@ -47,7 +47,13 @@ from onceonly.types import AsyncAdminStore, AsyncSession, AsyncStore, Params, Sn
 if TYPE_CHECKING:
     from onceonly.stores.redis_store_async import AsyncRedisStore
 
-__all__ = ["AsyncRedisTier", "AsyncTieredAdmin", "AsyncTieredSession", "AsyncTieredStore"]
+__all__ = [
+    "AsyncRedisTier",
+    "AsyncTieredAdmin",
+    "AsyncTieredSession",
+    "AsyncTieredStore",
+    "LocalTier",  # re-exported: the in-process tier, the same for sync and async
+]
 
 log = logging.getLogger("onceonly.tiers")
 
