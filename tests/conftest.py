@@ -19,6 +19,7 @@ from onceonly.stores.memory import MemoryStore
 from onceonly.testing import ManualClock
 
 PG_URL = os.environ.get("ONCEONLY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("ONCEONLY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -47,6 +48,34 @@ def require_postgres() -> str:
     return PG_URL
 
 
+_redis_ok: bool | None = None
+
+
+def require_redis() -> str:
+    global _redis_ok
+    if _redis_ok is None:
+        try:
+            import redis
+
+            with redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3) as r:
+                _redis_ok = bool(r.ping())
+        except Exception:
+            _redis_ok = False
+    if not _redis_ok:
+        unavailable(f"Redis at {REDIS_URL}")
+    return REDIS_URL
+
+
+def drop_redis_prefix(prefix: str) -> None:
+    """Delete every key under ``prefix`` (a test's own records)."""
+    import redis
+
+    with redis.Redis.from_url(REDIS_URL) as r:
+        keys = list(r.scan_iter(match=f"{prefix}*", count=1000))
+        for i in range(0, len(keys), 500):
+            r.delete(*keys[i : i + 500])
+
+
 def unique_table() -> str:
     return f"t_{uuid.uuid4().hex[:12]}"
 
@@ -67,6 +96,8 @@ def drop_pg_table(table: str) -> None:
 STORE_KINDS = ["memory", "sqlite", "postgres", "pgpart"]
 SQL_KINDS = ["sqlite", "postgres", "pgpart"]
 PG_KINDS = ("postgres", "pgpart")
+# Stores for leased mode only (@idempotent): every store, plus Redis (no atomic mode).
+LEASED_KINDS = [*STORE_KINDS, "redis"]
 PARTITIONED_DIRS = ("contract", "races", "admin", "property", "crash")
 _NOT_PARTITIONED = ("test_not_migrated.py",)  # its tables must not exist yet
 
@@ -109,7 +140,10 @@ class StoreFactory:
             "sqlite": f"sqlite:///{tmp_path / 'onceonly.db'}",
             "postgres": PG_URL,
             "pgpart": PG_URL,
+            "redis": REDIS_URL,
         }[kind]
+        if kind == "redis":
+            self.table = f"{self.table}:"  # the key prefix of this test's records
         self._opened: list[Any] = []
         self._memory: MemoryStore | None = None
         self.clock = ManualClock()
@@ -119,6 +153,11 @@ class StoreFactory:
             require_postgres()
         if self.kind == "pgpart" and not self._opened:
             create_partitioned(self.table)
+        if self.kind == "redis":
+            require_redis()
+            store = onceonly.open_store(self.url, prefix=self.table, **options)
+            self._opened.append(store)
+            return store
         if self.kind == "memory":
             if self._memory is None:
                 self._memory = MemoryStore()
@@ -135,6 +174,8 @@ class StoreFactory:
             drop_pg_table(self.table)
             drop_pg_table(f"{self.table}_ledger")
             drop_pg_table(f"{self.table}_outbox")
+        if self.kind == "redis" and _redis_ok:
+            drop_redis_prefix(self.table)
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -158,6 +199,30 @@ def pg_store_factory(tmp_path: Path) -> Iterator[StoreFactory]:
     factory.close()
 
 
+@pytest.fixture(params=LEASED_KINDS)
+def leased_store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Stores for leased-mode tests: every kind of ``store_factory``, plus Redis."""
+    factory = StoreFactory(request.param, tmp_path)
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(params=[*SQL_KINDS, "redis"])
+def shared_leased_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Stores that several processes share in leased mode: the SQL ones and Redis
+    (``factory.table`` is then the key prefix)."""
+    factory = StoreFactory(request.param, tmp_path)
+    yield factory
+    factory.close()
+
+
+@pytest.fixture
+def leased_store(leased_store_factory: StoreFactory) -> Any:
+    s = leased_store_factory()
+    s.migrate()
+    return s
+
+
 @pytest.fixture
 def store(store_factory: StoreFactory) -> Any:
     s = store_factory()
@@ -172,21 +237,26 @@ def sql_store(sql_store_factory: StoreFactory) -> Any:
     return s
 
 
-@pytest.fixture(params=STORE_KINDS)
-async def async_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    kind = request.param
+async def _async_store(kind: str, tmp_path: Path) -> AsyncIterator[Any]:
     table = unique_table()
     if kind in PG_KINDS:
         require_postgres()
     if kind == "pgpart":
         create_partitioned(table)
+    if kind == "redis":
+        require_redis()
     url = {
         "memory": "memory://",
         "sqlite": f"sqlite:///{tmp_path / 'onceonly.db'}",
         "postgres": PG_URL,
         "pgpart": PG_URL,
+        "redis": REDIS_URL,
     }[kind]
-    options = {} if kind == "memory" else {"table": table, "outbox_table": f"{table}_outbox"}
+    options: dict[str, Any] = {"table": table, "outbox_table": f"{table}_outbox"}
+    if kind == "memory":
+        options = {}
+    elif kind == "redis":
+        options = {"prefix": f"{table}:"}
     store = onceonly.open_async_store(url, **options)
     await store.migrate()
     yield store
@@ -194,6 +264,21 @@ async def async_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
     if kind in PG_KINDS:
         drop_pg_table(table)
         drop_pg_table(f"{table}_outbox")
+    if kind == "redis":
+        drop_redis_prefix(f"{table}:")
+
+
+@pytest.fixture(params=STORE_KINDS)
+async def async_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    async for store in _async_store(request.param, tmp_path):
+        yield store
+
+
+@pytest.fixture(params=LEASED_KINDS)
+async def leased_async_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    """Async stores for leased-mode tests: every kind of ``async_store``, plus Redis."""
+    async for store in _async_store(request.param, tmp_path):
+        yield store
 
 
 def business_table(store: Any, name: str | None = None) -> Callable[[], int]:

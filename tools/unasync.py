@@ -29,6 +29,8 @@ SOURCES = [
     "src/onceonly/stores/postgres_admin_async.py",
     "src/onceonly/stores/postgres_partitions_async.py",
     "src/onceonly/admin_async.py",
+    "src/onceonly/stores/redis_store_async.py",
+    "src/onceonly/stores/tiered_async.py",
 ]
 
 RULES: list[tuple[str, str]] = [
@@ -41,6 +43,7 @@ RULES: list[tuple[str, str]] = [
     (r"\bagather\b", "gather"),
     (r"\basync for\b", "for"),
     (r"\basynccontextmanager\b", "contextmanager"),
+    (r"\benter_async_context\b", "enter_context"),
     (r"\bAbstractAsyncContextManager\b", "AbstractContextManager"),
     (r"\bAsyncIterator\b", "Iterator"),
     (r"\bcurrent_async_claim\b", "current_claim"),

@@ -119,6 +119,10 @@ def admin_store_async(store: Any) -> AsyncAdminStore:
 
     .. versionadded:: 0.2
     """
+    admin = getattr(store, "admin", None)
+    if callable(admin):  # an async store with its own admin side (AsyncTieredStore)
+        found: AsyncAdminStore = admin()
+        return found
     if type(store).__name__ == "AsyncPostgresStore":
         from onceonly.stores.postgres_admin_async import AsyncPostgresAdmin
 

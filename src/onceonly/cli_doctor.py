@@ -21,7 +21,9 @@ __all__ = ["configure_doctor", "run_doctor"]
 
 def configure_doctor(parser: argparse.ArgumentParser) -> None:
     """Add the ``doctor`` options to ``parser``."""
-    parser.add_argument("--url", required=True, help="the store URL (sqlite:///…, postgresql://…)")
+    parser.add_argument(
+        "--url", required=True, help="the store URL (sqlite:///…, postgresql://…, redis://…)"
+    )
     parser.add_argument("--table", help="the records table (default: onceonly_records)")
     parser.add_argument(
         "--broker",

@@ -13,7 +13,11 @@ Each check returns :class:`Finding` objects saying what is wrong and what to do:
   the proxy tracks them (PgBouncer >= 1.21 with ``max_prepared_statements``), and the
   relay's ``LISTEN`` wake-ups are lost;
 * Redis evicts keys under memory pressure (``maxmemory-policy`` other than
-  ``noeviction``): records or stream entries can vanish;
+  ``noeviction``): records or stream entries can vanish. For a Redis **store**,
+  ``volatile-*`` passes with its cost stated (only completed records, which carry a TTL,
+  can go, early: their duplicates run again); ``allkeys-*`` can evict a live claim;
+* a Redis store without AOF forgets every completed key on a restart, and the clocks of
+  Redis and this machine differ (leases are on Redis's clock);
 * the consumers run more handlers at once than the store's pool has connections
   (atomic mode holds one connection per message: the rest wait, then time out);
 * the inbox TTL is shorter than a NATS JetStream consumer's redelivery horizon
@@ -31,7 +35,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Finding", "check_nats", "check_pool", "check_redis", "check_store"]
+__all__ = ["Finding", "check_nats", "check_pool", "check_redis", "check_redis_store", "check_store"]
 
 SKEW_LIMIT = 2.0  # seconds
 
@@ -80,7 +84,72 @@ def check_store(store: Any) -> list[Finding]:
             out.append(_pass("schema", f"schema version {found}"))
     if getattr(store, "dialect", None) == "postgresql":
         out += _check_postgres(store)
+    if getattr(store, "dialect", None) == "redis":
+        out += check_redis_store(store.client)
     return out
+
+
+def check_redis_store(client: Any) -> list[Finding]:
+    """Eviction policy, persistence and clock skew of the Redis under a Redis store.
+
+    .. versionadded:: 0.3
+    """
+    out: list[Finding] = []
+    config = client.config_get("maxmemory-policy")
+    policy = _text(config.get("maxmemory-policy") or config.get(b"maxmemory-policy", ""))
+    if policy == "noeviction":
+        out.append(_pass("redis-eviction", "maxmemory-policy noeviction"))
+    elif policy.startswith("volatile-"):
+        out.append(
+            _pass(
+                "redis-eviction",
+                f"maxmemory-policy {policy}: live claims are never evicted; completed records"
+                " (they carry a TTL) may be, early, and their duplicates then run again",
+            )
+        )
+    else:
+        out.append(
+            Finding(
+                "redis-eviction",
+                f"Redis maxmemory-policy is {policy!r}: under memory pressure it may evict a"
+                " live claim (a concurrent duplicate then runs too) or a completed record",
+                "set maxmemory-policy noeviction (writes then fail loudly), or volatile-lru",
+            )
+        )
+    aof = client.config_get("appendonly")
+    if _text(aof.get("appendonly") or aof.get(b"appendonly", "")) != "yes":
+        out.append(
+            Finding(
+                "redis-durability",
+                "Redis runs without AOF (appendonly no): a restart or crash forgets the"
+                " completed keys written since the last snapshot, and their duplicates run"
+                " again",
+                "set appendonly yes (appendfsync everysec loses up to about 1 s; always"
+                " loses nothing acknowledged)",
+            )
+        )
+    else:
+        out.append(_pass("redis-durability", "appendonly yes"))
+    before = time.time()
+    secs, micros = client.time()
+    after = time.time()
+    skew = secs + micros / 1e6 - (before + after) / 2
+    if abs(skew) > SKEW_LIMIT + (after - before) / 2:
+        out.append(
+            Finding(
+                "clock",
+                f"the Redis clock is {skew:+.1f} s from this machine's",
+                "run NTP (chrony) on both; leases use Redis's clock, but TTLs, waits and"
+                " broker deadlines are measured here",
+            )
+        )
+    else:
+        out.append(_pass("clock", f"clock skew {skew:+.3f} s"))
+    return out
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _check_postgres(store: Any) -> list[Finding]:

@@ -2,7 +2,9 @@
 """``open_store(url)`` and ``open_async_store(url)``: stores from SQLAlchemy-style URLs.
 
 ``sqlite:///relative.db``, ``sqlite:////absolute/path.db``,
-``postgresql://user@host:5432/db`` (extra ``onceonly[postgres]``), ``memory://``.
+``postgresql://user@host:5432/db`` (extra ``onceonly[postgres]``), ``memory://``,
+``redis://host:6379/0``, ``rediss://``, ``redis+cluster://``, ``redis+sentinel://``
+(extra ``onceonly[redis]``; leased mode only).
 """
 
 from __future__ import annotations
@@ -17,13 +19,21 @@ from onceonly.types import AsyncStore, Store
 __all__ = ["open_async_store", "open_store"]
 
 _POSTGRES = ("postgresql", "postgres", "postgresql+psycopg")
+_REDIS = (
+    "redis",
+    "rediss",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+)
 
 
 def _scheme(url: str) -> str:
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
             f"not a store URL: {url!r} (expected e.g. sqlite:///onceonly.db, "
-            "postgresql://user@host/db, memory://)"
+            "postgresql://user@host/db, redis://host:6379/0, memory://)"
         )
     return urllib.parse.urlsplit(url).scheme.lower()
 
@@ -37,6 +47,19 @@ def _postgres_module(name: str) -> Any:
         if "psycopg" in str(exc):
             raise ConfigurationError(
                 "PostgreSQL needs the postgres extra: pip install 'onceonly[postgres]'"
+            ) from exc
+        raise
+
+
+def _redis_module(name: str) -> Any:
+    try:
+        import importlib
+
+        return importlib.import_module(f"onceonly.stores.{name}")
+    except ImportError as exc:
+        if "redis" in str(exc):
+            raise ConfigurationError(
+                "Redis needs the redis extra: pip install 'onceonly[redis]'"
             ) from exc
         raise
 
@@ -102,11 +125,16 @@ def _open(url: str, options: dict[str, Any]) -> Store:
         _check_options(mod.PostgresStore, options, url, skip=("pool",))
         pg: Store = mod.PostgresStore(_pg_conninfo(url), **options)
         return pg
+    if scheme in _REDIS:
+        mod = _redis_module("redis_store")
+        _check_options(mod.RedisStore, options, url, skip=())
+        rs: Store = mod.RedisStore(url, **options)
+        return rs
     raise ConfigurationError(f"unknown store scheme {scheme!r} in {url!r}")
 
 
 def open_async_store(url: str, **options: Any) -> AsyncStore:
-    """Open an async store (PostgreSQL natively; SQLite and memory through a thread).
+    """Open an async store (PostgreSQL and Redis natively; SQLite and memory through a thread).
 
     To migrate on open, await the store's ``migrate()`` (safe to repeat):
     ``store = open_async_store(url); await store.migrate()``.
@@ -123,6 +151,11 @@ def open_async_store(url: str, **options: Any) -> AsyncStore:
         _check_options(mod.AsyncPostgresStore, options, url, skip=("pool",))
         pg: AsyncStore = mod.AsyncPostgresStore(_pg_conninfo(url), **options)
         return pg
+    if scheme in _REDIS:
+        mod = _redis_module("redis_store_async")
+        _check_options(mod.AsyncRedisStore, options, url, skip=())
+        rs: AsyncStore = mod.AsyncRedisStore(url, **options)
+        return rs
     from onceonly.stores.threaded import ThreadedAsyncStore
 
     return ThreadedAsyncStore(_open(url, options))

@@ -45,11 +45,11 @@ async def test_async_inbox_failure_then_success(async_store: Any) -> None:
     assert seen == [1, 2]
 
 
-async def test_async_idempotent_concurrent_calls_run_once(async_store: Any) -> None:
+async def test_async_idempotent_concurrent_calls_run_once(leased_async_store: Any) -> None:
     """Ten concurrent calls with one key run the coroutine once and all get its result."""
     calls: list[int] = []
 
-    @onceonly.idempotent(async_store, key=lambda n: f"k{n}", scope="work", lease=5, wait=5)
+    @onceonly.idempotent(leased_async_store, key=lambda n: f"k{n}", scope="work", lease=5, wait=5)
     async def work(n: int) -> int:
         calls.append(n)
         await asyncio.sleep(0.05)
@@ -60,10 +60,10 @@ async def test_async_idempotent_concurrent_calls_run_once(async_store: Any) -> N
     assert calls == [1]
 
 
-async def test_async_checkpoint(async_store: Any) -> None:
+async def test_async_checkpoint(leased_async_store: Any) -> None:
     """current_async_claim().checkpoint() saves a recovery point under the claim."""
 
-    @onceonly.idempotent(async_store, key=lambda: "k", scope="work", lease=5)
+    @onceonly.idempotent(leased_async_store, key=lambda: "k", scope="work", lease=5)
     async def work() -> dict[str, Any]:
         claim = onceonly.current_async_claim()
         await claim.checkpoint("step1", {"x": 1})

@@ -72,10 +72,10 @@ def test_function_made_by_a_factory_needs_a_scope() -> None:
     assert "scope=" in str(e.value)
 
 
-def test_factory_with_scopes_keeps_tenants_apart(store: Any) -> None:
+def test_factory_with_scopes_keeps_tenants_apart(leased_store: Any) -> None:
     """With a scope per tenant, one tenant is never replayed another's result."""
-    acme = tenant_charger(store, "acme", scope="charge:acme")
-    globex = tenant_charger(store, "globex", scope="charge:globex")
+    acme = tenant_charger(leased_store, "acme", scope="charge:acme")
+    globex = tenant_charger(leased_store, "globex", scope="charge:globex")
     assert acme("o-1") == "acme charged o-1"
     assert globex("o-1") == "globex charged o-1"
     assert acme("o-1") == "acme charged o-1"

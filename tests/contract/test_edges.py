@@ -162,13 +162,15 @@ def read(store: Any, scope: str, key: str) -> Any:
 
 @pytest.mark.parametrize("max_attempts", [5, 1], ids=["takeover", "dead-write"])
 def test_takeover_loses_to_a_completion_committed_after_its_read(
-    store: Any, max_attempts: int
+    leased_store: Any, max_attempts: int
 ) -> None:
     """B reads A's lapsed claim; A completes; B's takeover (or dead write) must fail."""
     effects: list[str] = []
-    a = StalledHolder(store, runner(_FrozenRenewals(store), max_attempts=max_attempts), effects)
+    a = StalledHolder(
+        leased_store, runner(_FrozenRenewals(leased_store), max_attempts=max_attempts), effects
+    )
     a.start_and_lapse()
-    b = runner(Hooked(store, on="update", hook=a.complete_now), max_attempts=max_attempts)
+    b = runner(Hooked(leased_store, on="update", hook=a.complete_now), max_attempts=max_attempts)
 
     def fn_b() -> str:
         effects.append("B")
@@ -178,7 +180,7 @@ def test_takeover_loses_to_a_completion_committed_after_its_read(
     assert effects == ["A"]
     assert (result, replayed) == ("A", True)
     assert a.outcome[0][:2] == ("A", False)
-    record = read(store, "fn", "k")
+    record = read(leased_store, "fn", "k")
     assert record.state is State.COMPLETED and record.result == '"A"'
 
 
@@ -217,35 +219,37 @@ def test_atomic_takeover_loses_to_a_completion_committed_after_its_read(
 # -- 2. a takeover never steals a lease renewed after its read
 
 
-def test_takeover_cannot_steal_a_lease_renewed_after_its_read(store: Any) -> None:
+def test_takeover_cannot_steal_a_lease_renewed_after_its_read(leased_store: Any) -> None:
     """B reads A's lapsed lease; A renews; B's takeover fails and A still holds the key."""
-    a = runner(store).claim("k", None)
+    a = runner(leased_store).claim("k", None)
     assert isinstance(a, onceonly.Claim)
     time.sleep(LEASE + 0.2)
 
     def a_renews() -> None:
-        with store.session() as s:
+        with leased_store.session() as s:
             assert s.renew("fn", "k", a.token, 30.0) is not None
 
     ran: list[str] = []
-    b = runner(Hooked(store, on="update", hook=a_renews), wait=0.3)
+    b = runner(Hooked(leased_store, on="update", hook=a_renews), wait=0.3)
     with pytest.raises(onceonly.InFlight):
         b.run("k", None, lambda: ran.append("B"))
     assert ran == []
-    record = read(store, "fn", "k")
+    record = read(leased_store, "fn", "k")
     assert record.token == a.token and record.state is State.IN_PROGRESS
 
 
-def test_takeover_cannot_discard_a_checkpoint_saved_after_its_read(store: Any) -> None:
+def test_takeover_cannot_discard_a_checkpoint_saved_after_its_read(leased_store: Any) -> None:
     """A checkpoint is a sign of life: it renews the lease, so a takeover read before
     it fails instead of restarting the work from an older checkpoint."""
-    a = runner(store).claim("k", None)
+    a = runner(leased_store).claim("k", None)
     assert isinstance(a, onceonly.Claim)
     time.sleep(LEASE + 0.2)
-    b = runner(Hooked(store, on="update", hook=lambda: a.checkpoint("charged", 1)), wait=0.05)
+    b = runner(
+        Hooked(leased_store, on="update", hook=lambda: a.checkpoint("charged", 1)), wait=0.05
+    )
     with pytest.raises(onceonly.InFlight):
         b.run("k", None, lambda: "B")
-    assert read(store, "fn", "k").token == a.token
+    assert read(leased_store, "fn", "k").token == a.token
 
 
 # -- 3. a handler that ends the inbox's transaction is never reported done
@@ -347,10 +351,10 @@ def test_leased_completion_survives_dropped_idle_connections() -> None:
 # -- 6. leased mode: a result that cannot be stored never re-runs the effect
 
 
-def test_unstorable_leased_result_completes_with_an_error(store: Any) -> None:
+def test_unstorable_leased_result_completes_with_an_error(leased_store: Any) -> None:
     """The effect happened; the key is completed with the error, not failed."""
     effects: list[int] = []
-    r = runner(store, max_result_bytes=64)
+    r = runner(leased_store, max_result_bytes=64)
 
     def fn() -> str:
         effects.append(1)

@@ -21,11 +21,11 @@ class Receipt:
     amount: int
 
 
-def test_runs_once_and_replays(store: Any) -> None:
+def test_runs_once_and_replays(leased_store: Any) -> None:
     """The function runs once per key; duplicates return the stored result."""
     calls: list[int] = []
 
-    @onceonly.idempotent(store, key=lambda order, amount: f"charge:{order}", scope="charge")
+    @onceonly.idempotent(leased_store, key=lambda order, amount: f"charge:{order}", scope="charge")
     def charge(order: str, amount: int) -> dict[str, int]:
         calls.append(amount)
         return {"amount": amount}
@@ -36,10 +36,10 @@ def test_runs_once_and_replays(store: Any) -> None:
     assert calls == [5, 7]
 
 
-def test_dataclass_results_replay_as_dataclasses(store: Any) -> None:
+def test_dataclass_results_replay_as_dataclasses(leased_store: Any) -> None:
     """A dataclass return annotation rebuilds the replayed result as that dataclass."""
 
-    @onceonly.idempotent(store, key=lambda order: order, scope="charge")
+    @onceonly.idempotent(leased_store, key=lambda order: order, scope="charge")
     def charge(order: str) -> Receipt:
         return Receipt(order, 5)
 
@@ -47,10 +47,10 @@ def test_dataclass_results_replay_as_dataclasses(store: Any) -> None:
     assert charge("o-1") == Receipt("o-1", 5)
 
 
-def test_other_arguments_same_key_is_mismatch(store: Any) -> None:
+def test_other_arguments_same_key_is_mismatch(leased_store: Any) -> None:
     """The same key with other arguments raises PayloadMismatch."""
 
-    @onceonly.idempotent(store, key=lambda order, amount: order, scope="charge")
+    @onceonly.idempotent(leased_store, key=lambda order, amount: order, scope="charge")
     def charge(order: str, amount: int) -> int:
         return amount
 
@@ -59,11 +59,11 @@ def test_other_arguments_same_key_is_mismatch(store: Any) -> None:
         charge("o-1", 6)
 
 
-def test_failure_propagates_and_retries(store: Any) -> None:
+def test_failure_propagates_and_retries(leased_store: Any) -> None:
     """A raising function re-raises; the next call runs it again."""
     calls: list[int] = []
 
-    @onceonly.idempotent(store, key=lambda n: str(n), scope="flaky", max_attempts=2)
+    @onceonly.idempotent(leased_store, key=lambda n: str(n), scope="flaky", max_attempts=2)
     def flaky(n: int) -> int:
         calls.append(onceonly.current_claim().attempt)
         raise KeyError("nope")
@@ -77,9 +77,9 @@ def test_failure_propagates_and_retries(store: Any) -> None:
     assert calls == [1, 2]
 
 
-def test_live_claim_is_in_flight_for_others(store_factory: Any) -> None:
+def test_live_claim_is_in_flight_for_others(leased_store_factory: Any) -> None:
     """While one call runs, another with the same key waits, then replays."""
-    store = store_factory()
+    store = leased_store_factory()
     store.migrate()
     started, release = threading.Event(), threading.Event()
 
@@ -105,15 +105,15 @@ def _runner(store: Any, lease: float = 0.3, scope: str = "fn") -> LeasedRunner:
     return LeasedRunner(store, scope=scope, policy=Policy(lease, 5), ttl=None, wait=0.05)
 
 
-def test_lapsed_lease_is_reclaimed_and_stale_completion_is_fenced(store: Any) -> None:
+def test_lapsed_lease_is_reclaimed_and_stale_completion_is_fenced(leased_store: Any) -> None:
     """A claim whose lease lapsed is taken over; the stale holder cannot complete."""
-    runner = _runner(store)
+    runner = _runner(leased_store)
     stale = runner.claim("k", None)
     assert isinstance(stale, onceonly.Claim)
     time.sleep(0.4)  # the lease lapses on the store's clock (no heartbeat here)
     result, replayed, attempt = runner.run("k", None, lambda: "winner")
     assert (result, replayed, attempt) == ("winner", False, 2)
-    with store.session() as s:
+    with leased_store.session() as s:
         from onceonly._core.state import Expect, complete_write
 
         assert (
@@ -125,11 +125,11 @@ def test_lapsed_lease_is_reclaimed_and_stale_completion_is_fenced(store: Any) ->
     assert runner.run("k", None, lambda: "again") == ("winner", True, 2)
 
 
-def test_heartbeat_keeps_a_long_call_alive(store: Any) -> None:
+def test_heartbeat_keeps_a_long_call_alive(leased_store: Any) -> None:
     """A call longer than its lease keeps the claim through renewal."""
     calls: list[int] = []
 
-    @onceonly.idempotent(store, key=lambda: "long", scope="long", lease=0.3, wait=0.05)
+    @onceonly.idempotent(leased_store, key=lambda: "long", scope="long", lease=0.3, wait=0.05)
     def long_call() -> str:
         calls.append(1)
         time.sleep(1.0)
@@ -145,9 +145,9 @@ def test_heartbeat_keeps_a_long_call_alive(store: Any) -> None:
     assert out == ["finished"] and calls == [1]
 
 
-def test_checkpoints_survive_a_lapsed_claim(store: Any) -> None:
+def test_checkpoints_survive_a_lapsed_claim(leased_store: Any) -> None:
     """Checkpoints saved under a claim are seen by the worker that reclaims it."""
-    runner = _runner(store)
+    runner = _runner(leased_store)
     first = runner.claim("k", None)
     assert isinstance(first, onceonly.Claim)
     first.checkpoint("reserved", {"sku": "A", "qty": 2})

@@ -100,13 +100,13 @@ def renewals(monkeypatch: pytest.MonkeyPatch) -> list[BaseException | None]:
 @pytest.mark.parametrize("value", list(HUGE))
 def test_idempotent_huge_ttl_or_lease_works_or_is_refused_up_front(
     request: pytest.FixtureRequest,
-    store_factory: Any,
+    leased_store_factory: Any,
     renewals: list[BaseException | None],
     option: str,
     value: str,
 ) -> None:
     """@idempotent(ttl=/lease=huge) runs once and replays, or refuses the value when built."""
-    store = store_factory()
+    store = leased_store_factory()
     store.migrate()
     decorate = _built_or_refused(
         lambda: onceonly.idempotent(store, key=lambda: "k", scope="limits", **{option: HUGE[value]})

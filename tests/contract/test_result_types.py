@@ -54,11 +54,11 @@ class Receipt:
     lines: tuple[int, ...]
 
 
-def test_idempotent_replay_rebuilds_the_annotated_dataclass(store: Any) -> None:
+def test_idempotent_replay_rebuilds_the_annotated_dataclass(leased_store: Any) -> None:
     """@idempotent rebuilds the return annotation's dataclass with typed fields."""
     runs: list[str] = []
 
-    @onceonly.idempotent(store, key=lambda order: order, scope="charge")
+    @onceonly.idempotent(leased_store, key=lambda order: order, scope="charge")
     def charge(order: str) -> Receipt:
         runs.append(order)
         return Receipt(

@@ -162,7 +162,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-attempts", type=int, default=5)
     parser.add_argument("--precount", action="store_true")
     args = parser.parse_args(argv)
-    store = onceonly.open_store(args.url, table=args.table)
+    option = "prefix" if args.url.startswith("redis") else "table"  # redis: a key prefix
+    store = onceonly.open_store(args.url, **{option: args.table})
     if args.mode == "inbox":
         if args.kill is not None and args.kill not in INBOX_POINTS:
             parser.error(f"unknown kill point {args.kill!r}")

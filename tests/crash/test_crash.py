@@ -120,13 +120,13 @@ def test_precounted_inbox_dead_letters_a_message_that_kills_every_worker(
 
 
 def test_idempotent_killed_is_in_flight_then_reclaimed(
-    sql_store_factory: StoreFactory, tmp_path: Path
+    shared_leased_factory: StoreFactory, tmp_path: Path
 ) -> None:
     """A killed holder blocks callers until its lease ends; then attempt 2 runs and replays."""
-    store = sql_store_factory()
+    store = shared_leased_factory()
     store.migrate()
     effects = str(tmp_path / "effects.jsonl")
-    kill_inside_idempotent(sql_store_factory, effects)
+    kill_inside_idempotent(shared_leased_factory, effects)
 
     early = _worker.leased_function(store, run="early", effects=effects, wait=0.1)
     with pytest.raises(onceonly.InFlight) as info:
@@ -146,14 +146,14 @@ def test_idempotent_killed_is_in_flight_then_reclaimed(
 
 @pytest.mark.timeout(30)
 def test_idempotent_reclaim_resumes_from_checkpoint(
-    sql_store_factory: StoreFactory, tmp_path: Path
+    shared_leased_factory: StoreFactory, tmp_path: Path
 ) -> None:
     """A checkpoint saved before a SIGKILL is handed to the reclaiming call (attempt 2)."""
-    store = sql_store_factory()
+    store = shared_leased_factory()
     store.migrate()
     effects = str(tmp_path / "effects.jsonl")
     saved = {"charged": 42, "ref": "pay-7"}
-    kill_inside_idempotent(sql_store_factory, effects, checkpoint=saved)
+    kill_inside_idempotent(shared_leased_factory, effects, checkpoint=saved)
 
     reclaim = _worker.leased_function(store, run="reclaim", effects=effects, wait=3.0)
     assert reclaim(KEY) == {"run": "reclaim", "attempt": 2, "checkpoints": {"step1": saved}}
@@ -194,10 +194,10 @@ def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 20.0) -> 
 
 @pytest.mark.timeout(30)
 def test_idempotent_stopped_holder_loses_its_lease(
-    sql_store_factory: StoreFactory, tmp_path: Path
+    shared_leased_factory: StoreFactory, tmp_path: Path
 ) -> None:
     """A SIGSTOPped holder is overtaken after its lease; resumed, it gets LeaseLost."""
-    store = sql_store_factory()
+    store = shared_leased_factory()
     store.migrate()
     effects = str(tmp_path / "effects.jsonl")
     started, release = tmp_path / "started", tmp_path / "release"
@@ -206,8 +206,8 @@ def test_idempotent_stopped_holder_loses_its_lease(
             sys.executable,
             str(WORKER),
             "leased",
-            sql_store_factory.url,
-            sql_store_factory.table,
+            shared_leased_factory.url,
+            shared_leased_factory.table,
             KEY,
             "--run=stopped",
             "--lease=1",

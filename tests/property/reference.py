@@ -27,7 +27,7 @@ from onceonly._core.state import Record
 from onceonly.stores.memory import MemoryStore
 from onceonly.stores.sqlite import SQLiteStore
 from onceonly.testing import ManualClock
-from tests.conftest import PG_URL, drop_pg_table
+from tests.conftest import PG_URL, REDIS_URL, drop_pg_table, drop_redis_prefix
 
 SCOPE = "billing"
 KEYS = ("k1", "ключ:2")
@@ -244,12 +244,43 @@ def postgres_harness(tmp_path: Path, *, partitioned: bool = False) -> Harness:
     return Harness(store, 0.0, time_travel, close, False, empty)
 
 
+def redis_harness(tmp_path: Path) -> Harness:
+    """Redis's clock is the server's (``TIME`` in the scripts): move the stored times
+    back, as for PostgreSQL. A record's own ``PEXPIREAT`` stays where it was (later than
+    its shifted ``expires_at``), so an expired record is still there for the scripts to
+    judge by ``expires_at``: the check the store must make itself."""
+    import redis
+
+    prefix = f"m_{uuid.uuid4().hex[:12]}:"
+    store = onceonly.open_store(REDIS_URL, prefix=prefix)
+    store.migrate()
+    client = redis.Redis.from_url(REDIS_URL)
+    times = ("lease_until", "expires_at", "created_at", "updated_at", "completed_at")
+
+    def time_travel(seconds: float) -> None:
+        by = round(seconds * 1_000_000)
+        for k in client.scan_iter(match=f"{prefix}*"):
+            values = client.hmget(k, times)
+            shifted = {n: int(v) - by for n, v in zip(times, values, strict=True) if v is not None}
+            if shifted:
+                client.hset(k, mapping=shifted)
+
+    def close() -> None:
+        drop_redis_prefix(prefix)
+        client.close()
+        store.close()
+
+    return Harness(store, 0.0, time_travel, close, False, lambda: drop_redis_prefix(prefix))
+
+
 HARNESSES: dict[str, Callable[[Path], Harness]] = {
     "memory": memory_harness,
     "sqlite": sqlite_harness,
     "postgres": postgres_harness,
     "pgpart": functools.partial(postgres_harness, partitioned=True),
 }
+# The stores of leased mode: every store above, and Redis (which has no atomic mode).
+LEASED_HARNESSES: dict[str, Callable[[Path], Harness]] = {**HARNESSES, "redis": redis_harness}
 
 
 def check_record(key: str, row: Row | None, real: Record | None, *, exact: bool) -> None:

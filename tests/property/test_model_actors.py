@@ -83,14 +83,14 @@ from onceonly._core.state import (
     fail_write,
 )
 from onceonly.outcome import new_token
-from tests.conftest import require_postgres
+from tests.conftest import require_postgres, require_redis
 from tests.property.reference import (
     ADVANCES,
     COMPLETED,
-    HARNESSES,
     IN_PROGRESS,
     KEYS,
     LEASE,
+    LEASED_HARNESSES,
     MAX_ATTEMPTS,
     SCOPE,
     TTL,
@@ -111,12 +111,11 @@ SOAK_STEPS = int(os.environ.get("ONCEONLY_SOAK_STEPS", "10000"))
 # or SOAK_ROUNDS rounds.
 SOAK_ROUNDS = 10
 if SOAK:
-    EXAMPLES, STEPS_PER_EXAMPLE = (
-        {"memory": 1500, "sqlite": 1000, "postgres": 400, "pgpart": 400},
-        60,
-    )
+    EXAMPLES = {"memory": 1500, "sqlite": 1000, "postgres": 400, "pgpart": 400, "redis": 1000}
+    STEPS_PER_EXAMPLE = 60
 else:
-    EXAMPLES, STEPS_PER_EXAMPLE = {"memory": 300, "sqlite": 300, "postgres": 250, "pgpart": 150}, 40
+    EXAMPLES = {"memory": 300, "sqlite": 300, "postgres": 250, "pgpart": 150, "redis": 300}
+    STEPS_PER_EXAMPLE = 40
 POLICY = Policy(LEASE, MAX_ATTEMPTS)
 # Without the "explain" phase: it traces every line (slow before Python 3.12) only to
 # annotate a counterexample that is already short.
@@ -171,8 +170,8 @@ class Pending:
 # What ran, per store (printed by the soak): steps, histories, steps and outcomes by kind.
 STEPS: Counter[str] = Counter()
 RUNS: Counter[str] = Counter()
-EVENTS: dict[str, Counter[str]] = {name: Counter() for name in HARNESSES}
-RACED: dict[str, Counter[str]] = {name: Counter() for name in HARNESSES}
+EVENTS: dict[str, Counter[str]] = {name: Counter() for name in LEASED_HARNESSES}
+RACED: dict[str, Counter[str]] = {name: Counter() for name in LEASED_HARNESSES}
 
 
 class ActorsMachine(RuleBasedStateMachine):
@@ -400,6 +399,7 @@ class ActorsMachine(RuleBasedStateMachine):
         self.done("apply")
         return result
 
+    @precondition(lambda self: self.store.atomic)  # Redis has no atomic mode
     @rule(target=claims, pending=consumes(pendings))
     def apply_atomic(self, pending: Pending) -> Any:
         """The worker stores its pending decision as atomic mode does: a claim, its
@@ -579,11 +579,13 @@ class ActorsMachine(RuleBasedStateMachine):
                 assert able == [h.worker], f"worker {h.worker} lost {key} while its lease was live"
 
 
-@pytest.fixture(params=list(HARNESSES))
+@pytest.fixture(params=list(LEASED_HARNESSES))
 def kind(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     if name in ("postgres", "pgpart"):
         require_postgres()  # unreachable server: skip locally, FAIL in CI
+    if name == "redis":
+        require_redis()
     return name
 
 
@@ -592,9 +594,9 @@ def fresh_harness(kind: str, tmp_path: Path) -> Iterator[Callable[[], Harness]]:
     """A harness per history: the SQL stores' are one table per test, emptied for each
     history (creating a table, and for PostgreSQL a pool, each time slows shrinking)."""
     if kind == "memory":
-        yield lambda: HARNESSES[kind](tmp_path)
+        yield lambda: LEASED_HARNESSES[kind](tmp_path)
         return
-    shared = HARNESSES[kind](tmp_path)
+    shared = LEASED_HARNESSES[kind](tmp_path)
     assert shared.empty is not None
     empty = shared.empty
 
@@ -655,7 +657,7 @@ def test_interleaved_workers_agree_with_the_model(
 
 @pytest.fixture
 def harness(kind: str, tmp_path: Path) -> Iterator[Harness]:
-    h = HARNESSES[kind](tmp_path)
+    h = LEASED_HARNESSES[kind](tmp_path)
     yield h
     h.close()
 

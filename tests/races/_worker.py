@@ -9,6 +9,8 @@ its processes::
 
     python _worker.py MODE URL TABLE WORKER SEED EFFECTS
 
+(for a ``redis://`` URL, TABLE is the key prefix).
+
 The script prints ``ready``, waits for one line on stdin (the start gun, so every
 process races from the same instant), then prints a JSON list of what it got per key.
 """
@@ -113,7 +115,8 @@ def call_all(fn: Callable[[str], dict[str, Any]], seed: int) -> list[dict[str, A
 
 def main(argv: list[str]) -> int:
     mode, url, table, worker, seed, effects = argv
-    store = onceonly.open_store(url, table=table)
+    option = "prefix" if url.startswith("redis") else "table"
+    store = onceonly.open_store(url, **{option: table})
     try:
         print("ready", flush=True)
         sys.stdin.readline()

@@ -155,9 +155,10 @@ def test_inbox_processes_run_each_key_once(sql_store_factory: StoreFactory, tmp_
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sharing", ["own-store", "shared-store"])
 def test_idempotent_threads_run_each_key_once(
-    store_factory: StoreFactory, tmp_path: Path, sharing: str
+    leased_store_factory: StoreFactory, tmp_path: Path, sharing: str
 ) -> None:
     """16 threads calling @idempotent (one scope) on the same 20 keys run each key once."""
+    store_factory = leased_store_factory
     store = store_factory()
     store.migrate()
     effects = str(tmp_path / "effects.txt")
@@ -173,12 +174,12 @@ def test_idempotent_threads_run_each_key_once(
 
 @pytest.mark.timeout(60)
 def test_idempotent_processes_run_each_key_once(
-    sql_store_factory: StoreFactory, tmp_path: Path
+    shared_leased_factory: StoreFactory, tmp_path: Path
 ) -> None:
     """4 processes calling an @idempotent function on the same 20 keys run each key once."""
-    store = sql_store_factory()
+    store = shared_leased_factory()
     store.migrate()
     effects = tmp_path / "effects.txt"
-    runs = run_processes("leased", sql_store_factory, effects)
+    runs = run_processes("leased", shared_leased_factory, effects)
     workers = [f"p{i}" for i in range(PROCESSES)]
     check_leased_results(runs, workers, _worker.read_effects(str(effects)))

@@ -341,7 +341,7 @@ def test_purge_reaches_every_partition(table: str) -> None:
         time.sleep(1.05)
         for i in range(3):
             inbox.process(f"b{i}", {}, lambda p, tx: 1)
-        assert len(sql(f"SELECT DISTINCT tableoid FROM {table}")) == 2
+        assert len(sql(f"SELECT DISTINCT tableoid FROM {table}")) >= 2  # a busy machine: 3
         _age_records(table)
         summary = onceonly.Admin(store).purge(batch_size=2, pause=0)
         assert summary.deleted == 6

@@ -1,0 +1,265 @@
+# SPDX-License-Identifier: MIT
+"""What only the Redis store does: its keys, its expiry, its round trips, its refusals.
+
+The store contract itself runs in tests/contract (the leased-mode tests), the model test
+in tests/property/test_model_actors.py and the races in tests/races, all on Redis too.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import onceonly
+from onceonly._core.state import Policy, claim_write
+from onceonly.leased import LeasedRunner
+from onceonly.outcome import new_token
+from onceonly.stores._redis_lua import record_key
+from tests.conftest import REDIS_URL, StoreFactory, drop_redis_prefix, require_redis
+
+
+@pytest.fixture
+def factory(tmp_path: Any) -> Iterator[StoreFactory]:
+    f = StoreFactory("redis", tmp_path)
+    yield f
+    f.close()
+
+
+@pytest.fixture
+def store(factory: StoreFactory) -> Any:
+    s = factory()
+    s.migrate()
+    return s
+
+
+@pytest.fixture
+def client() -> Iterator[Any]:
+    import redis
+
+    require_redis()
+    with redis.Redis.from_url(REDIS_URL) as r:
+        yield r
+
+
+def key_of(store: Any, scope: str, key: str) -> str:
+    return record_key(store.prefix, scope, key)
+
+
+def test_one_hash_per_record_under_a_hash_tagged_key(store: Any, client: Any) -> None:
+    """A record is one hash at {prefix}{len:scope:key}; scopes with ':' never collide."""
+
+    @onceonly.idempotent(store, key=lambda k: k, scope="a:b")
+    def f(k: str) -> str:
+        return "ab"
+
+    @onceonly.idempotent(store, key=lambda k: k, scope="a")
+    def g(k: str) -> str:
+        return "a"
+
+    assert f("c") == "ab" and g("b:c") == "a"  # ("a:b", "c") and ("a", "b:c") stay apart
+    assert f("c") == "ab" and g("b:c") == "a"
+    keys = sorted(k.decode() for k in client.scan_iter(match=f"{store.prefix}*"))
+    assert keys == sorted([f"{store.prefix}{{3:a:b:c}}", f"{store.prefix}{{1:a:b:c}}"])
+    assert all(client.type(k) == b"hash" for k in keys)
+
+
+def test_completion_sets_pexpireat_from_the_server_clock(store: Any, client: Any) -> None:
+    """A completed record expires in Redis at its expires_at; a claim never expires."""
+    runner = LeasedRunner(store, scope="fn", policy=Policy(30, 5), ttl=60.0, wait=0.1)
+    claim = runner.claim("k", None)
+    assert isinstance(claim, onceonly.Claim)
+    k = key_of(store, "fn", "k")
+    assert client.pttl(k) == -1  # in progress: no expiry
+    runner.run("k2", None, lambda: 1)
+    k2 = key_of(store, "fn", "k2")
+    with store.session() as s:
+        record = s.get("fn", "k2").record
+    assert record is not None and record.expires_at is not None
+    assert client.pexpiretime(k2) == pytest.approx(record.expires_at * 1000, abs=1)
+    assert 59_000 < client.pttl(k2) <= 60_001
+
+
+def test_expiry_is_judged_by_expires_at_not_by_redis_removing_the_key(
+    store: Any, client: Any
+) -> None:
+    """A completed record past its expires_at runs again even while Redis still holds
+    the key (lazy expiry, a replica, a clock step): and the retaken claim has no expiry."""
+    calls: list[int] = []
+
+    @onceonly.idempotent(store, key=lambda: "k", scope="fn", ttl=3600)
+    def f() -> int:
+        calls.append(1)
+        return len(calls)
+
+    assert f() == f() == 1
+    k = key_of(store, "fn", "k")
+    past = int(client.hget(k, "expires_at")) - 3601 * 1_000_000
+    client.hset(k, "expires_at", past)  # expired by the record, not yet by Redis
+    assert client.exists(k)
+    assert f() == 2
+    assert calls == [1, 1]
+    assert 3_590_000 < client.pttl(k) <= 3_600_001  # the new completion's own expiry
+
+
+def test_round_trips_new_key_and_replay(store: Any) -> None:
+    """A new key costs 2 round trips (claim, completion); a replay 1."""
+    sent: list[str] = []
+    client = store.client
+    original = client.execute_command
+
+    def counted(*args: Any, **options: Any) -> Any:
+        sent.append(str(args[0]))
+        return original(*args, **options)
+
+    client.execute_command = counted
+
+    @onceonly.idempotent(store, key=lambda n: str(n), scope="double", lease=30)
+    def f(n: int) -> int:
+        return n * 2
+
+    assert f(21) == 42
+    new = list(sent)
+    sent.clear()
+    assert f(21) == 42
+    assert (new, sent) == (["EVALSHA", "EVALSHA"], ["EVALSHA"])
+
+
+def test_inbox_refuses_a_redis_store(store: Any) -> None:
+    """Atomic mode is impossible on Redis: Inbox says to use leased mode."""
+    with pytest.raises(onceonly.ConfigurationError, match="leased mode"):
+        onceonly.Inbox(store, consumer="billing")
+    with pytest.raises(onceonly.ConfigurationError, match="leased mode"), store.transaction():
+        pass
+
+
+async def test_async_inbox_refuses_a_redis_store(factory: StoreFactory) -> None:
+    """The async store is refused by AsyncInbox the same way."""
+    require_redis()
+    astore = onceonly.open_async_store(REDIS_URL, prefix=factory.table)
+    try:
+        with pytest.raises(onceonly.ConfigurationError, match="leased mode"):
+            onceonly.AsyncInbox(astore, consumer="billing")
+    finally:
+        await astore.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"table": "t"}, "unknown option table"),
+        ({"prefix": "a{b}:"}, "braces"),
+        ({"prefix": 3}, "prefix must be a str"),
+    ],
+)
+def test_bad_options_are_configuration_errors(options: dict[str, Any], match: str) -> None:
+    """Options the store does not take, or a prefix that would break hash tags."""
+    with pytest.raises(onceonly.ConfigurationError, match=match):
+        onceonly.open_store(REDIS_URL, **options)
+    with pytest.raises(onceonly.ConfigurationError, match=match):
+        onceonly.open_async_store(REDIS_URL, **options)
+
+
+def test_rediss_url_opens_a_tls_client() -> None:
+    """rediss:// is accepted (TLS); nothing connects until the first operation."""
+    store = onceonly.open_store("rediss://127.0.0.1:1/0", prefix="x:")
+    try:
+        assert store.client.connection_pool.connection_class.__name__ == "SSLConnection"
+    finally:
+        store.close()
+
+
+def test_unreachable_redis_is_store_unavailable() -> None:
+    """Nothing listening: every operation raises StoreUnavailable (transient)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = onceonly.open_store(f"redis://127.0.0.1:{port}/0", socket_timeout=1)
+    try:
+        with pytest.raises(onceonly.StoreUnavailable), store.session() as session:
+            session.claim("fn", "k", claim_write(None, new_token(), Policy(30, 5)))
+    finally:
+        store.close()
+
+
+def test_foreign_values_are_typed_errors(store: Any, client: Any) -> None:
+    """A hash onceonly did not write (an unknown state, bytes that are not UTF-8) is
+    CorruptRecord; another type at the key StoreError."""
+    client.hset(key_of(store, "fn", "odd"), mapping={"state": "exploded", "token": 1})
+    client.set(key_of(store, "fn", "str"), "not a hash")
+    bad_utf8 = {"state": "completed", "token": 1, "attempts": 0, "result": b"\xff\xfe"}
+    client.hset(key_of(store, "fn", "bytes"), mapping=bad_utf8)
+    with store.session() as s:
+        with pytest.raises(onceonly.CorruptRecord):
+            s.get("fn", "odd")
+        with pytest.raises(onceonly.CorruptRecord):
+            s.get("fn", "bytes")
+        with pytest.raises(onceonly.StoreError, match="WRONGTYPE"):
+            s.get("fn", "str")
+
+
+def test_a_user_client_is_used_and_left_open(client: Any) -> None:
+    """client= runs the store on the caller's redis-py client, which close() leaves open."""
+    prefix = f"user_{time.monotonic_ns()}:"
+    from onceonly.stores.redis_store import RedisStore
+
+    store = RedisStore(client=client, prefix=prefix)
+    try:
+
+        @onceonly.idempotent(store, key=lambda: "k", scope="fn")
+        def f() -> str:
+            return "ok"
+
+        assert f() == f() == "ok"
+        store.close()
+        assert client.ping()
+    finally:
+        drop_redis_prefix(prefix)
+
+
+async def test_async_store_runs_and_replays(factory: StoreFactory) -> None:
+    """The async store: one run, then replays, with a checkpoint saved on the way."""
+    require_redis()
+    astore = onceonly.open_async_store(REDIS_URL, prefix=factory.table)
+    await astore.migrate()
+    calls: list[int] = []
+    try:
+
+        @onceonly.idempotent(astore, key=lambda n: str(n), scope="fn", lease=5)
+        async def f(n: int) -> int:
+            await onceonly.current_async_claim().checkpoint("half", n)
+            calls.append(n)
+            return n + 1
+
+        assert [await f(1), await f(1), await f(2)] == [2, 2, 3]
+        assert calls == [1, 2]
+    finally:
+        await astore.close()
+
+
+def test_a_written_record_equals_the_stored_one(store: Any) -> None:
+    """What claim and update return (built from the write) is the hash, field for field:
+    a claim, a takeover keeping a checkpoint, a completion with a ttl."""
+    from onceonly._core.state import Expect, State, Write, complete_write
+
+    policy = Policy(0.2, 5)
+    with store.session() as s:
+        first = s.claim("fn", "k", claim_write("fp", new_token(), policy))
+        assert first.inserted and first.record == s.get("fn", "k").record
+        assert s.save_checkpoint("fn", "k", first.record.token, '{"a":1}', None)
+        time.sleep(0.25)
+        token = new_token()
+        takeover = Write(
+            State.IN_PROGRESS, token, "fp", 1, lease_seconds=30, checkpoint=None,
+            keep_checkpoint=True,
+        )  # fmt: skip
+        taken = s.update("fn", "k", Expect(first.record.token, State.IN_PROGRESS, lapsed=True),
+                         takeover)  # fmt: skip
+        assert taken is not None and taken.checkpoint == '{"a":1}'
+        assert taken == s.get("fn", "k").record
+        done = s.update("fn", "k", Expect.holder(token), complete_write(taken, "1", 60.5))
+        assert done is not None and done == s.get("fn", "k").record
+        assert done.created_at == first.record.created_at and done.expires_at is not None
