@@ -79,8 +79,8 @@ def calls() -> list[Any]:
 
 
 @pytest.fixture
-async def client(async_store: Any, calls: list[Any]) -> AsyncIterator[httpx.AsyncClient]:
-    app = make_app(async_store, calls)
+async def client(leased_async_store: Any, calls: list[Any]) -> AsyncIterator[httpx.AsyncClient]:
+    app = make_app(leased_async_store, calls)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
         yield c
@@ -233,18 +233,18 @@ async def test_other_methods_pass(client: httpx.AsyncClient) -> None:
     assert r.status_code == 405
 
 
-async def test_openapi_declares_the_header(async_store: Any) -> None:
+async def test_openapi_declares_the_header(leased_async_store: Any) -> None:
     """The FastAPI dependency puts Idempotency-Key in the OpenAPI schema."""
-    schema = make_app(async_store, []).openapi()
+    schema = make_app(leased_async_store, []).openapi()
     params = schema["paths"]["/orders"]["post"]["parameters"]
     header = [p for p in params if p["name"] == "Idempotency-Key"]
     assert header and header[0]["in"] == "header" and header[0]["required"] is True
 
 
-async def test_routes_table_overrides(async_store: Any) -> None:
+async def test_routes_table_overrides(leased_async_store: Any) -> None:
     """routes= sets a rule by template: 'off' ignores the key entirely."""
     calls: list[Any] = []
-    app = make_app(async_store, calls, routes={"/orders": RouteRule("off")})
+    app = make_app(leased_async_store, calls, routes={"/orders": RouteRule("off")})
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
         for _ in range(2):
             r = await c.post("/orders", json={}, headers=hdrs())
@@ -277,7 +277,7 @@ class _SlowWrites:
             yield _SlowSession(s)
 
 
-async def test_cancelled_request_still_stores_the_response(async_store: Any) -> None:
+async def test_cancelled_request_still_stores_the_response(leased_async_store: Any) -> None:
     """A request cancelled (client gone) during the store write: the write completes."""
     calls: list[Any] = []
     done = asyncio.Event()
@@ -290,7 +290,7 @@ async def test_cancelled_request_still_stores_the_response(async_store: Any) -> 
         return {"paid": len(calls)}
 
     app.add_middleware(
-        IdempotencyMiddleware, store=_SlowWrites(async_store), principal=lambda r: "p"
+        IdempotencyMiddleware, store=_SlowWrites(leased_async_store), principal=lambda r: "p"
     )
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
         task = asyncio.create_task(c.post("/pay", headers=hdrs()))
@@ -305,10 +305,10 @@ async def test_cancelled_request_still_stores_the_response(async_store: Any) -> 
     assert calls == [1]
 
 
-async def test_long_handler_keeps_its_lease(async_store: Any) -> None:
+async def test_long_handler_keeps_its_lease(leased_async_store: Any) -> None:
     """A handler longer than the lease keeps the key (the lease is renewed): 409, not a rerun."""
     calls: list[Any] = []
-    app = make_app(async_store, calls, lease=0.6)
+    app = make_app(leased_async_store, calls, lease=0.6)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
         first = asyncio.create_task(c.post("/orders", json={"sleep": 1.5}, headers=hdrs()))
         await asyncio.sleep(1.0)

@@ -62,7 +62,8 @@ def calls() -> list[Any]:
 
 
 @pytest.fixture
-def client(store: Any, calls: list[Any]) -> Iterator[FlaskClient]:
+def client(leased_store: Any, calls: list[Any]) -> Iterator[FlaskClient]:
+    store = leased_store
     with make_app(store, calls).test_client() as c:
         yield c
 
@@ -101,8 +102,9 @@ def test_errors(client: FlaskClient, calls: list[Any]) -> None:
     assert len(calls) == 1
 
 
-def test_in_progress_is_409(store: Any, calls: list[Any]) -> None:
+def test_in_progress_is_409(leased_store: Any, calls: list[Any]) -> None:
     """A duplicate during the first request gets 409 + Retry-After."""
+    store = leased_store
     app = make_app(store, calls)
     out: list[int] = []
     t = threading.Thread(
@@ -162,8 +164,9 @@ def test_oversized_request_is_413(client: FlaskClient, calls: list[Any]) -> None
     assert r.status_code == 413 and calls == []
 
 
-def test_long_view_keeps_its_lease(store: Any, calls: list[Any]) -> None:
+def test_long_view_keeps_its_lease(leased_store: Any, calls: list[Any]) -> None:
     """A view longer than the lease keeps the key (renewed): the duplicate gets 409."""
+    store = leased_store
     app = make_app(store, calls, lease=0.6)
     out: list[int] = []
     t = threading.Thread(
