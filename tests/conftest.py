@@ -20,6 +20,7 @@ from onceonly.testing import ManualClock
 
 PG_URL = os.environ.get("ONCEONLY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+MYSQL_URL = os.environ.get("ONCEONLY_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test")
 
 
 def unavailable(what: str) -> None:
@@ -47,6 +48,53 @@ def require_postgres() -> str:
     return PG_URL
 
 
+_mysql_ok: bool | None = None
+
+
+def _mysql_connect() -> Any:
+    import pymysql
+
+    from onceonly.stores._mysql_sql import parse_url
+
+    args = parse_url(MYSQL_URL)
+    database = args.pop("database")
+    conn = pymysql.connect(**args, autocommit=True, connect_timeout=3)
+    conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+    conn.select_db(database)
+    return conn
+
+
+def require_mysql() -> str:
+    """The MariaDB/MySQL test URL (its database created if missing)."""
+    global _mysql_ok
+    if _mysql_ok is None:
+        try:
+            _mysql_connect().close()
+            _mysql_ok = True
+        except Exception:
+            _mysql_ok = False
+    if not _mysql_ok:
+        unavailable(f"MariaDB/MySQL at {MYSQL_URL}")
+    return MYSQL_URL
+
+
+def drop_mysql_table(*tables: str) -> None:
+    conn = _mysql_connect()
+    try:
+        cur = conn.cursor()
+        for table in tables:
+            cur.execute(f"DROP TABLE IF EXISTS `{table}`")
+            cur.execute(f"DROP TABLE IF EXISTS `{table}_counts`")
+        cur.execute(
+            "DELETE FROM onceonly_schema WHERE component IN %s"
+            if cur.execute("SHOW TABLES LIKE 'onceonly_schema'")
+            else "SELECT %s",
+            ([f"records:{t}" for t in tables] + [f"outbox:{t}" for t in tables],),
+        )
+    finally:
+        conn.close()
+
+
 def unique_table() -> str:
     return f"t_{uuid.uuid4().hex[:12]}"
 
@@ -64,8 +112,8 @@ def drop_pg_table(table: str) -> None:
 # "pgpart": PostgreSQL with the time-partitioned records table (migrate(partitioned=True)).
 # It runs in the directories of PARTITIONED_DIRS (the contract suite, races, admin, the
 # model); elsewhere its cases are deselected (see pytest_collection_modifyitems).
-STORE_KINDS = ["memory", "sqlite", "postgres", "pgpart"]
-SQL_KINDS = ["sqlite", "postgres", "pgpart"]
+STORE_KINDS = ["memory", "sqlite", "postgres", "pgpart", "mysql"]
+SQL_KINDS = ["sqlite", "postgres", "pgpart", "mysql"]
 PG_KINDS = ("postgres", "pgpart")
 PARTITIONED_DIRS = ("contract", "races", "admin", "property", "crash")
 _NOT_PARTITIONED = ("test_not_migrated.py",)  # its tables must not exist yet
@@ -109,6 +157,7 @@ class StoreFactory:
             "sqlite": f"sqlite:///{tmp_path / 'onceonly.db'}",
             "postgres": PG_URL,
             "pgpart": PG_URL,
+            "mysql": MYSQL_URL,
         }[kind]
         self._opened: list[Any] = []
         self._memory: MemoryStore | None = None
@@ -117,6 +166,8 @@ class StoreFactory:
     def __call__(self, **options: Any) -> Any:
         if self.kind in PG_KINDS:
             require_postgres()
+        if self.kind == "mysql":
+            require_mysql()
         if self.kind == "pgpart" and not self._opened:
             create_partitioned(self.table)
         if self.kind == "memory":
@@ -135,6 +186,8 @@ class StoreFactory:
             drop_pg_table(self.table)
             drop_pg_table(f"{self.table}_ledger")
             drop_pg_table(f"{self.table}_outbox")
+        if self.kind == "mysql" and _mysql_ok:
+            drop_mysql_table(self.table, f"{self.table}_ledger", f"{self.table}_outbox")
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -180,11 +233,14 @@ async def async_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
         require_postgres()
     if kind == "pgpart":
         create_partitioned(table)
+    if kind == "mysql":
+        require_mysql()
     url = {
         "memory": "memory://",
         "sqlite": f"sqlite:///{tmp_path / 'onceonly.db'}",
         "postgres": PG_URL,
         "pgpart": PG_URL,
+        "mysql": MYSQL_URL,
     }[kind]
     options = {} if kind == "memory" else {"table": table, "outbox_table": f"{table}_outbox"}
     store = onceonly.open_async_store(url, **options)
@@ -194,6 +250,8 @@ async def async_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
     if kind in PG_KINDS:
         drop_pg_table(table)
         drop_pg_table(f"{table}_outbox")
+    if kind == "mysql":
+        drop_mysql_table(table, f"{table}_outbox")
 
 
 def business_table(store: Any, name: str | None = None) -> Callable[[], int]:
@@ -201,7 +259,9 @@ def business_table(store: Any, name: str | None = None) -> Callable[[], int]:
     if isinstance(store, MemoryStore):
         raise TypeError("the memory store has no SQL")
     name = name or f"{store.table}_ledger"
-    with store.transaction() as s:
+    # DDL ends a transaction on MariaDB/MySQL (an implicit commit): run it on its own
+    ddl = store.session if getattr(store, "dialect", None) == "mysql" else store.transaction
+    with ddl() as s:
         s.execute(f"CREATE TABLE IF NOT EXISTS {name} (id TEXT NOT NULL, amount INTEGER)")
 
     def count() -> int:

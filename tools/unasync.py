@@ -28,6 +28,9 @@ SOURCES = [
     "src/onceonly/stores/postgres_admin_async.py",
     "src/onceonly/stores/postgres_partitions_async.py",
     "src/onceonly/admin_async.py",
+    "src/onceonly/stores/mysql_session_async.py",
+    "src/onceonly/stores/mysql_async.py",
+    "src/onceonly/stores/mysql_admin_async.py",
 ]
 
 RULES: list[tuple[str, str]] = [

@@ -119,6 +119,9 @@ def admin_store_async(store: Any) -> AsyncAdminStore:
 
     .. versionadded:: 0.2
     """
+    if type(store).__name__ == "AsyncMySQLStore":
+        found: AsyncAdminStore = store.admin()
+        return found
     if type(store).__name__ == "AsyncPostgresStore":
         from onceonly.stores.postgres_admin_async import AsyncPostgresAdmin
 

@@ -131,7 +131,7 @@ class Inbox:
         self.max_result_bytes = max_result_bytes
         self.result_type = result_type
         self.precount_attempts = precount_attempts
-        if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql"):
+        if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql", "mysql"):
             outbox = Outbox(store)
         self.outbox = outbox
         self.events = EventHook(listeners)

@@ -130,7 +130,7 @@ class AsyncInbox:
         self.max_result_bytes = max_result_bytes
         self.result_type = result_type
         self.precount_attempts = precount_attempts
-        if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql"):
+        if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql", "mysql"):
             outbox = AsyncOutbox(store)
         self.outbox = outbox
         self.events = EventHook(listeners)

@@ -2,7 +2,8 @@
 """``open_store(url)`` and ``open_async_store(url)``: stores from SQLAlchemy-style URLs.
 
 ``sqlite:///relative.db``, ``sqlite:////absolute/path.db``,
-``postgresql://user@host:5432/db`` (extra ``onceonly[postgres]``), ``memory://``.
+``postgresql://user@host:5432/db`` (extra ``onceonly[postgres]``),
+``mysql://user@host:3306/db`` or ``mariadb://…`` (extra ``onceonly[mysql]``), ``memory://``.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from onceonly.types import AsyncStore, Store
 __all__ = ["open_async_store", "open_store"]
 
 _POSTGRES = ("postgresql", "postgres", "postgresql+psycopg")
+_MYSQL = ("mysql", "mariadb", "mysql+pymysql", "mysql+aiomysql", "mariadb+pymysql")
 
 
 def _scheme(url: str) -> str:
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
             f"not a store URL: {url!r} (expected e.g. sqlite:///onceonly.db, "
-            "postgresql://user@host/db, memory://)"
+            "postgresql://user@host/db, mysql://user@host/db, memory://)"
         )
     return urllib.parse.urlsplit(url).scheme.lower()
 
@@ -37,6 +39,19 @@ def _postgres_module(name: str) -> Any:
         if "psycopg" in str(exc):
             raise ConfigurationError(
                 "PostgreSQL needs the postgres extra: pip install 'onceonly[postgres]'"
+            ) from exc
+        raise
+
+
+def _mysql_module(name: str) -> Any:
+    try:
+        import importlib
+
+        return importlib.import_module(f"onceonly.stores.{name}")
+    except ImportError as exc:
+        if "mysql" in str(exc).lower():
+            raise ConfigurationError(
+                "MariaDB/MySQL needs the mysql extra: pip install 'onceonly[mysql]'"
             ) from exc
         raise
 
@@ -102,6 +117,11 @@ def _open(url: str, options: dict[str, Any]) -> Store:
         _check_options(mod.PostgresStore, options, url, skip=("pool",))
         pg: Store = mod.PostgresStore(_pg_conninfo(url), **options)
         return pg
+    if scheme in _MYSQL:
+        mod = _mysql_module("mysql")
+        _check_options(mod.MySQLStore, options, url, skip=())
+        my: Store = mod.MySQLStore(url, **options)
+        return my
     raise ConfigurationError(f"unknown store scheme {scheme!r} in {url!r}")
 
 
@@ -123,6 +143,11 @@ def open_async_store(url: str, **options: Any) -> AsyncStore:
         _check_options(mod.AsyncPostgresStore, options, url, skip=("pool",))
         pg: AsyncStore = mod.AsyncPostgresStore(_pg_conninfo(url), **options)
         return pg
+    if scheme in _MYSQL:
+        mod = _mysql_module("mysql_async")
+        _check_options(mod.AsyncMySQLStore, options, url, skip=())
+        my: AsyncStore = mod.AsyncMySQLStore(url, **options)
+        return my
     from onceonly.stores.threaded import ThreadedAsyncStore
 
     return ThreadedAsyncStore(_open(url, options))

@@ -171,7 +171,7 @@ class Relay:
                 claims them again. Call again later (:meth:`run` does, with backoff).
         """
         with _store_errors():
-            if self.sql.dialect == "postgresql":
+            if self.sql.dialect in ("postgresql", "mysql"):
                 stats = self._run_locked_batch()
             else:
                 stats = self._run_leased_batch()
@@ -187,7 +187,8 @@ class Relay:
             results = self._publish_all([row_message(r) for r in rows])
             done = [int(r[0]) for r, err in zip(rows, results, strict=True) if err is None]
             if done:
-                session.execute(self.sql.delete(len(done)), (done,))
+                seqs = tuple(done) if self.sql.dialect == "mysql" else (done,)
+                session.execute(self.sql.delete(len(done)), seqs)
             stats = self._settle_failures(session, rows, results, token=None)
         self._forget(rows, results)  # committed: the deletes are durable
         return stats

@@ -170,7 +170,7 @@ class AsyncRelay:
                 claims them again. Call again later (:meth:`run` does, with backoff).
         """
         with _store_errors():
-            if self.sql.dialect == "postgresql":
+            if self.sql.dialect in ("postgresql", "mysql"):
                 stats = await self._run_locked_batch()
             else:
                 stats = await self._run_leased_batch()
@@ -186,7 +186,8 @@ class AsyncRelay:
             results = await self._publish_all([row_message(r) for r in rows])
             done = [int(r[0]) for r, err in zip(rows, results, strict=True) if err is None]
             if done:
-                await session.execute(self.sql.delete(len(done)), (done,))
+                seqs = tuple(done) if self.sql.dialect == "mysql" else (done,)
+                await session.execute(self.sql.delete(len(done)), seqs)
             stats = await self._settle_failures(session, rows, results, token=None)
         self._forget(rows, results)  # committed: the deletes are durable
         return stats
