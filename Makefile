@@ -23,7 +23,7 @@ demo: $(STAMP_BASE)
 	$(BIN)/onceonly demo $(DEMO_ARGS)
 
 services:
-	scripts/services postgres redis rabbitmq nats
+	scripts/services postgres redis rabbitmq nats mariadb
 
 lint: $(STAMP_ALL)
 	$(BIN)/ruff check src tests bench tools examples chaos

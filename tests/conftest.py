@@ -85,6 +85,7 @@ def drop_mysql_table(*tables: str) -> None:
         for table in tables:
             cur.execute(f"DROP TABLE IF EXISTS `{table}`")
             cur.execute(f"DROP TABLE IF EXISTS `{table}_counts`")
+            cur.execute(f"DROP TABLE IF EXISTS `{table}_keys`")
         cur.execute(
             "DELETE FROM onceonly_schema WHERE component IN %s"
             if cur.execute("SHOW TABLES LIKE 'onceonly_schema'")

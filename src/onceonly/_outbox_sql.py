@@ -62,7 +62,10 @@ class OutboxSQL:
                 " available_at DOUBLE NOT NULL, last_error LONGTEXT, created_at DOUBLE NOT NULL,"
                 f" INDEX `{t[:57]}_ready` (state, available_at, seq),"
                 f" INDEX `{t[:56]}_by_key` (`key`, seq)"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+                # ordered mode: one row per key, locked by each insert of that key
+                f"CREATE TABLE IF NOT EXISTS `{self.keys_table}` (`key` VARCHAR(255) NOT NULL"
+                " PRIMARY KEY) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
             ]
         if self.dialect == "sqlite":
             return [
@@ -91,6 +94,19 @@ class OutboxSQL:
             f"CREATE TRIGGER {t}_notify AFTER INSERT ON {t}"
             f" FOR EACH STATEMENT EXECUTE FUNCTION {t}_notify()",
         ]
+
+    @property
+    def keys_table(self) -> str:
+        """MariaDB/MySQL: the table of per-key lock rows (ordered mode)."""
+        return f"{self.table[:59]}_keys"
+
+    def lock_key(self) -> str:
+        """MariaDB/MySQL, ordered mode: lock the key's row until the transaction ends, so
+        a key's inserts are serialised and ``seq`` order is commit order. (key)"""
+        return (
+            f"INSERT INTO `{self.keys_table}` (`key`) VALUES (?)"
+            " ON DUPLICATE KEY UPDATE `key` = `key`"
+        )
 
     def insert(self, *, lock_key: bool) -> str:
         """Parameters: id, topic, key, payload, headers (preceded by the key to lock)."""
@@ -134,7 +150,9 @@ class OutboxSQL:
         if self.dialect == "mysql":
             return (
                 f"SELECT o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.attempts,"
-                f" o.created_at FROM `{t}` o WHERE o.state = 'pending'"
+                # the primary key only: a scan of a secondary index would keep locks on
+                # entries of rows another relay holds, and two relays' deletes deadlock
+                f" o.created_at FROM `{t}` o FORCE INDEX (PRIMARY) WHERE o.state = 'pending'"
                 f" AND o.available_at <= {MYSQL_NOW}{self._eligible('o', ordered)}"
                 " ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED"
             )
@@ -151,8 +169,8 @@ class OutboxSQL:
         if self.dialect == "postgresql":
             return f"DELETE FROM {self.table} WHERE seq = ANY(?)"
         marks = ", ".join("?" * n)
-        if self.dialect == "mysql":  # (*seqs)
-            return f"DELETE FROM `{self.table}` WHERE seq IN ({marks})"
+        if self.dialect == "mysql":  # (seq): one row a statement (see the relay)
+            return f"DELETE FROM `{self.table}` WHERE seq = ?"
         return f"DELETE FROM {self.table} WHERE lock_token = ? AND seq IN ({marks})"
 
     def fail(self) -> str:
@@ -183,9 +201,7 @@ class OutboxSQL:
         the row waits ``delay`` seconds. (error, delay seconds, seq[, token])."""
         t = self.table
         if self.dialect == "mysql":
-            return (
-                f"UPDATE `{t}` SET last_error = ?, available_at = {MYSQL_NOW} + ? WHERE seq = ?"
-            )
+            return f"UPDATE `{t}` SET last_error = ?, available_at = {MYSQL_NOW} + ? WHERE seq = ?"
         if self.dialect == "postgresql":
             return (
                 f"UPDATE {t} SET last_error = ?,"
@@ -203,7 +219,9 @@ class OutboxSQL:
             if self.dialect == "postgresql"
             else "created_at"
         )
-        key, table = ("`key`", f"`{self.table}`") if self.dialect == "mysql" else ("key", self.table)
+        key, table = (
+            ("`key`", f"`{self.table}`") if self.dialect == "mysql" else ("key", self.table)
+        )
         return (
             f"SELECT seq, id, topic, {key}, payload, headers, attempts, {created}, last_error"
             f" FROM {table} WHERE state = ? ORDER BY seq LIMIT ?"

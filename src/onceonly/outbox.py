@@ -39,7 +39,8 @@ def outbox_sql(store: Any, table: str | None) -> OutboxSQL:
     dialect = getattr(store, "dialect", None)
     if dialect not in ("sqlite", "postgresql", "mysql"):
         raise ConfigurationError(
-            f"the outbox needs a SQL store (SQLite, PostgreSQL, MariaDB/MySQL), not {type(store).__name__}"
+            "the outbox needs a SQL store (SQLite, PostgreSQL, MariaDB/MySQL), "
+            f"not {type(store).__name__}"
         )
     return OutboxSQL(dialect, table or getattr(store, "outbox_table", None) or DEFAULT_TABLE)
 
@@ -106,11 +107,6 @@ class Outbox:
     ) -> None:
         self.store = store
         self.sql = outbox_sql(store, table)
-        if ordered and self.sql.dialect == "mysql":
-            raise ConfigurationError(
-                "ordered outboxes need PostgreSQL or SQLite: on MariaDB/MySQL the insert "
-                "order of a key's messages is not their commit order"
-            )
         self.ordered = ordered
         self.max_payload_bytes = max_payload_bytes
 
@@ -186,6 +182,8 @@ class Outbox:
         )
         if lock and self.sql.dialect == "postgresql":
             params = (message.key, *params)
+        elif lock and self.sql.dialect == "mysql":
+            session.execute(self.sql.lock_key(), (message.key,))
         session.execute(self.sql.insert(lock_key=lock), params)
         return message.id
 

@@ -38,7 +38,8 @@ def outbox_sql(store: Any, table: str | None) -> OutboxSQL:
     dialect = getattr(store, "dialect", None)
     if dialect not in ("sqlite", "postgresql", "mysql"):
         raise ConfigurationError(
-            f"the outbox needs a SQL store (SQLite, PostgreSQL, MariaDB/MySQL), not {type(store).__name__}"
+            "the outbox needs a SQL store (SQLite, PostgreSQL, MariaDB/MySQL), "
+            f"not {type(store).__name__}"
         )
     return OutboxSQL(dialect, table or getattr(store, "outbox_table", None) or DEFAULT_TABLE)
 
@@ -105,11 +106,6 @@ class AsyncOutbox:
     ) -> None:
         self.store = store
         self.sql = outbox_sql(store, table)
-        if ordered and self.sql.dialect == "mysql":
-            raise ConfigurationError(
-                "ordered outboxes need PostgreSQL or SQLite: on MariaDB/MySQL the insert "
-                "order of a key's messages is not their commit order"
-            )
         self.ordered = ordered
         self.max_payload_bytes = max_payload_bytes
 
@@ -185,6 +181,8 @@ class AsyncOutbox:
         )
         if lock and self.sql.dialect == "postgresql":
             params = (message.key, *params)
+        elif lock and self.sql.dialect == "mysql":
+            await session.execute(self.sql.lock_key(), (message.key,))
         await session.execute(self.sql.insert(lock_key=lock), params)
         return message.id
 

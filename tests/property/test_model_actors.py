@@ -83,7 +83,7 @@ from onceonly._core.state import (
     fail_write,
 )
 from onceonly.outcome import new_token
-from tests.conftest import require_postgres
+from tests.conftest import require_mysql, require_postgres
 from tests.property.reference import (
     ADVANCES,
     COMPLETED,
@@ -112,11 +112,14 @@ SOAK_STEPS = int(os.environ.get("ONCEONLY_SOAK_STEPS", "10000"))
 SOAK_ROUNDS = 10
 if SOAK:
     EXAMPLES, STEPS_PER_EXAMPLE = (
-        {"memory": 1500, "sqlite": 1000, "postgres": 400, "pgpart": 400},
+        {"memory": 1500, "sqlite": 1000, "postgres": 400, "pgpart": 400, "mysql": 400},
         60,
     )
 else:
-    EXAMPLES, STEPS_PER_EXAMPLE = {"memory": 300, "sqlite": 300, "postgres": 250, "pgpart": 150}, 40
+    EXAMPLES, STEPS_PER_EXAMPLE = (
+        {"memory": 300, "sqlite": 300, "postgres": 250, "pgpart": 150, "mysql": 150},
+        40,
+    )
 POLICY = Policy(LEASE, MAX_ATTEMPTS)
 # Without the "explain" phase: it traces every line (slow before Python 3.12) only to
 # annotate a counterexample that is already short.
@@ -584,6 +587,8 @@ def kind(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     if name in ("postgres", "pgpart"):
         require_postgres()  # unreachable server: skip locally, FAIL in CI
+    if name == "mysql":
+        require_mysql()
     return name
 
 

@@ -247,13 +247,16 @@ class MySQLStore:
             StoreError: any other database error (e.g. missing privileges).
         """
         with self._connection() as conn:
-            with _DriverErrors():
-                cur = conn.cursor()
-                cur.execute("SELECT GET_LOCK(%s, 60)", (_MIGRATE_LOCK,))
-                try:
-                    self._create_tables(cur)
-                finally:
-                    cur.execute("SELECT RELEASE_LOCK(%s)", (_MIGRATE_LOCK,))
+            self._migrate_locked(conn)
+
+    def _migrate_locked(self, conn: Any) -> None:
+        with _DriverErrors():
+            cur = conn.cursor()
+            cur.execute("SELECT GET_LOCK(%s, 60)", (_MIGRATE_LOCK,))
+            try:
+                self._create_tables(cur)
+            finally:
+                cur.execute("SELECT RELEASE_LOCK(%s)", (_MIGRATE_LOCK,))
 
     def _create_tables(self, cur: Any) -> None:
         cur.execute(SCHEMA_DDL)

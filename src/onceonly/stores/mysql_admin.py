@@ -109,7 +109,8 @@ class MySQLAdmin:
                 count = 0
                 if keys:
                     pairs = ", ".join(["(%s, %s)"] * len(keys))
-                    flat = [v for pair in keys for v in pair]
+                    # as text: aiomysql cannot bind bytes with every PyMySQL
+                    flat = [bytes(v).decode() for pair in keys for v in pair]
                     count = cur.execute(
                         f"DELETE FROM {self._t} WHERE (scope, `key`) IN ({pairs}) AND {where}",
                         (*flat, *params),

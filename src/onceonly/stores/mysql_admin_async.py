@@ -69,8 +69,7 @@ class AsyncMySQLAdmin:
         now, older = await self._clock(query.older_than or 0.0)
         where, params = query_predicate(query, now, older)
         rows = await self._run(
-            f"SELECT {COLUMNS} FROM {self._t} WHERE {_sql(where)}"
-            " ORDER BY scope, `key` LIMIT %s",
+            f"SELECT {COLUMNS} FROM {self._t} WHERE {_sql(where)} ORDER BY scope, `key` LIMIT %s",
             [*params, query.limit],
         )
         return [record(r) for r in rows], now
@@ -109,7 +108,8 @@ class AsyncMySQLAdmin:
                 count = 0
                 if keys:
                     pairs = ", ".join(["(%s, %s)"] * len(keys))
-                    flat = [v for pair in keys for v in pair]
+                    # as text: aiomysql cannot bind bytes with every PyMySQL
+                    flat = [bytes(v).decode() for pair in keys for v in pair]
                     count = await cur.execute(
                         f"DELETE FROM {self._t} WHERE (scope, `key`) IN ({pairs}) AND {where}",
                         (*flat, *params),

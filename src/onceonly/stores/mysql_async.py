@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 try:
     import aiomysql as _driver  # unasync: remove
+
     # unasync: add import pymysql as _driver
     import pymysql
 
@@ -250,13 +251,16 @@ class AsyncMySQLStore:
             StoreError: any other database error (e.g. missing privileges).
         """
         async with self._connection() as conn:
-            with _DriverErrors():
-                cur = await conn.cursor()
-                await cur.execute("SELECT GET_LOCK(%s, 60)", (_MIGRATE_LOCK,))
-                try:
-                    await self._create_tables(cur)
-                finally:
-                    await cur.execute("SELECT RELEASE_LOCK(%s)", (_MIGRATE_LOCK,))
+            await self._migrate_locked(conn)
+
+    async def _migrate_locked(self, conn: Any) -> None:
+        with _DriverErrors():
+            cur = await conn.cursor()
+            await cur.execute("SELECT GET_LOCK(%s, 60)", (_MIGRATE_LOCK,))
+            try:
+                await self._create_tables(cur)
+            finally:
+                await cur.execute("SELECT RELEASE_LOCK(%s)", (_MIGRATE_LOCK,))
 
     async def _create_tables(self, cur: Any) -> None:
         await cur.execute(SCHEMA_DDL)

@@ -351,9 +351,7 @@ class _Transaction:
             store._discard(conn)
             raise
         self._conn = conn
-        self._session = AsyncMySQLSession(
-            store, conn, mode=_TRANSACTION, lock_wait=self._lock_wait
-        )
+        self._session = AsyncMySQLSession(store, conn, mode=_TRANSACTION, lock_wait=self._lock_wait)
         return self._session
 
     async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
