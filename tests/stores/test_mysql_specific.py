@@ -53,7 +53,7 @@ def test_url_is_parsed_and_checked() -> None:
 
 
 def test_open_store_refuses_unknown_options() -> None:
-    with pytest.raises(onceonly.ConfigurationError, match="valid options: .*max_size"):
+    with pytest.raises(onceonly.ConfigurationError, match=r"valid options: .*max_size"):
         onceonly.open_store("mysql://root@127.0.0.1/test", pool_size=3)
     with pytest.raises(onceonly.ConfigurationError, match="valid options"):
         onceonly.open_async_store("mariadb://root@127.0.0.1/test", bogus=1)
@@ -69,7 +69,7 @@ def test_lock_wait_is_whole_seconds() -> None:
 
 def test_unreachable_server_is_store_unavailable() -> None:
     store = onceonly.open_store("mysql://root:secret@127.0.0.1:1/test", connect_timeout=2)
-    with pytest.raises(onceonly.StoreUnavailable, match="127.0.0.1:1") as info:
+    with pytest.raises(onceonly.StoreUnavailable, match=r"127\.0\.0\.1:1") as info:
         store.migrate()
     assert "secret" not in str(info.value)
     store.close()
