@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 try:
     import pymysql
     import pymysql as _driver
+    from pymysql.constants import CLIENT
 
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
@@ -142,6 +143,9 @@ class MySQLStore:
                     autocommit=True,
                     connect_timeout=self.connect_timeout,
                     init_command="SET time_zone = '+00:00'",
+                    # rowcount = rows matched, not rows changed: a conditional write that
+                    # stores what the row already holds still reports that it matched
+                    client_flag=CLIENT.FOUND_ROWS,
                     **_DRIVER_ARGS,
                 )
         except StoreUnavailable as exc:

@@ -41,6 +41,7 @@ try:
 
     # unasync: add import pymysql as _driver
     import pymysql
+    from pymysql.constants import CLIENT
 
     from onceonly.stores._mysql_aio import QuietCursor  # unasync: remove
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
@@ -146,6 +147,9 @@ class AsyncMySQLStore:
                     autocommit=True,
                     connect_timeout=self.connect_timeout,
                     init_command="SET time_zone = '+00:00'",
+                    # rowcount = rows matched, not rows changed: a conditional write that
+                    # stores what the row already holds still reports that it matched
+                    client_flag=CLIENT.FOUND_ROWS,
                     **_DRIVER_ARGS,
                 )
         except StoreUnavailable as exc:
