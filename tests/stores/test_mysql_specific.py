@@ -248,3 +248,22 @@ async def test_async_joins_an_aiomysql_transaction() -> None:
         conn.close()
         await store.close()
         drop_mysql_table(table)
+
+
+def test_the_mysql_claim_path_inserts_and_reads_back(mysql: StoreFactory) -> None:
+    """MySQL has no INSERT … RETURNING: its claim is the insert plus a locking read (run
+    here on MariaDB, which takes the same SQL)."""
+    store = mysql()
+    store.migrate()
+    assert store._mariadb  # detected on the first connection
+    store._mariadb = False
+    write = _claim("k")
+    with store.transaction() as s:
+        first = s.claim("s", "k", write)
+    assert first.inserted and first.record is not None and first.record.token == write.token
+    with store.session() as s:
+        again = s.claim("s", "k", _claim("k"))
+    assert not again.inserted and again.record == first.record
+    inbox = onceonly.Inbox(store, consumer="c")
+    assert inbox.process("m", {}, lambda p, tx: 1).result == 1
+    assert inbox.process("m", {}, lambda p, tx: 2).replayed

@@ -102,6 +102,8 @@ class MySQLStatements:
 
     table: str
     claim: str
+    #: MariaDB (>= 10.5): the claim returning the row it inserted or locked, and the clock
+    claim_returning: str
     select: str
     select_locked: str
     get: str
@@ -113,14 +115,16 @@ class MySQLStatements:
     def for_table(cls, table: str) -> MySQLStatements:
         t = f"`{table}`"
         row = f"SELECT {COLUMNS}, {NOW} FROM {t} WHERE scope = %s AND `key` = %s"
+        # insert-or-keep: an existing row is locked and left as it is (a no-op update)
+        claim = (
+            f"INSERT INTO {t} ({COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, {NOW} + %s,"
+            f" %s, %s, %s, %s, {NOW}, {NOW}, IF(%s, {NOW}, NULL), {NOW} + %s)"
+            " ON DUPLICATE KEY UPDATE token = token"
+        )
         return cls(
             table=table,
-            # insert-or-keep: an existing row is locked and left as it is (a no-op update)
-            claim=(
-                f"INSERT INTO {t} ({COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, {NOW} + %s,"
-                f" %s, %s, %s, %s, {NOW}, {NOW}, IF(%s, {NOW}, NULL), {NOW} + %s)"
-                " ON DUPLICATE KEY UPDATE token = token"
-            ),
+            claim=claim,
+            claim_returning=f"{claim} RETURNING {COLUMNS}, {NOW}",
             select=row,
             select_locked=row + " FOR UPDATE",
             get=(

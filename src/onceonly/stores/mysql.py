@@ -130,6 +130,7 @@ class MySQLStore:
         self._closed = False
         #: MariaDB (``SET STATEMENT``) or MySQL (``SET_VAR`` hints); known once connected.
         self._mariadb = True
+        self._detected = False
 
     # -- connections
 
@@ -156,7 +157,9 @@ class MySQLStore:
             with _DriverErrors():
                 cur = conn.cursor()
                 cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                self._mariadb = "mariadb" in str(conn.get_server_info()).lower()
+                if not self._detected:
+                    self._mariadb = "mariadb" in str(conn.get_server_info()).lower()
+                    self._detected = True
         except BaseException:
             self._discard(conn)
             raise

@@ -134,6 +134,7 @@ class AsyncMySQLStore:
         self._closed = False
         #: MariaDB (``SET STATEMENT``) or MySQL (``SET_VAR`` hints); known once connected.
         self._mariadb = True
+        self._detected = False
 
     # -- connections
 
@@ -160,7 +161,9 @@ class AsyncMySQLStore:
             with _DriverErrors():
                 cur = await conn.cursor()
                 await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                self._mariadb = "mariadb" in str(conn.get_server_info()).lower()
+                if not self._detected:
+                    self._mariadb = "mariadb" in str(conn.get_server_info()).lower()
+                    self._detected = True
         except BaseException:
             self._discard(conn)
             raise

@@ -215,6 +215,11 @@ class MySQLSession:
         its record is returned (read with a lock: the latest committed version).
         """
         values = claim_values(scope, key, write)
+        if self._store._mariadb:  # one statement: the row inserted or locked comes back
+            sql = self._bounded(self._q.claim_returning, scope, key)
+            cur = self._run(sql, values, scope, key)
+            row = cur.fetchone()
+            return self._claimed(scope, key, write, record(row), float(row[15]))
         for _ in range(_CLAIM_RETRIES):
             opened = self._autocommit_tx(scope, key)
             ok = False
@@ -226,15 +231,19 @@ class MySQLSession:
                 self._end(opened, ok)
             if found is None:
                 continue  # purged between the statements: insert again
-            if self._mode != _AUTOCOMMIT:
-                self._held.add((scope, key))
-            # A fresh token is 63 random bits: the row holds ours only if we inserted it.
-            if found.token == write.token and found.state is write.state:
-                return Snapshot(found, found.updated_at, inserted=True)
-            return Snapshot(found, now)
+            return self._claimed(scope, key, write, found, now)
         raise StoreUnavailable(
             "the claim kept racing concurrent writers of this key; retry", scope=scope, key=key
         )
+
+    def _claimed(self, scope: str, key: str, write: Write, found: Record, now: float) -> Snapshot:
+        """The snapshot of a claim that read ``found`` back at ``now``."""
+        if self._mode != _AUTOCOMMIT:
+            self._held.add((scope, key))
+        # A fresh token is 63 random bits: the row holds ours only if we inserted it.
+        if found.token == write.token and found.state is write.state:
+            return Snapshot(found, found.updated_at, inserted=True)
+        return Snapshot(found, now)
 
     def get(self, scope: str, key: str) -> Snapshot:
         """The record of ``(scope, key)`` (or ``None``) and the database's now."""
