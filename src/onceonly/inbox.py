@@ -36,6 +36,7 @@ from onceonly._core.state import (
     decide,
 )
 from onceonly._inbox_rules import HandlerFailed, check_health, dead_error, is_own_mark
+from onceonly._sqlalchemy import join
 from onceonly.errors import (
     ConfigurationError,
     DeadLettered,
@@ -172,7 +173,10 @@ class Inbox:
             payload: the message body, passed to the handler and fingerprinted.
             handler: does the work through ``tx``; its return value is stored.
             connection: a caller's connection already inside a transaction; the claim
-                joins it (in a savepoint) and it is never committed here.
+                joins it (in a savepoint) and it is never committed here. A SQLAlchemy
+                ``Session``/``Connection`` (``Session``/``Connection`` here)
+                is joined on its own connection, its lazily begun transaction counting
+                as begun; the handler gets it back as ``tx.session``.
             delivery: broker metadata handed to the handler as ``tx.delivery``.
 
         Returns:
@@ -188,9 +192,12 @@ class Inbox:
             TransactionError: the handler ended or broke the transaction (counted).
             Exception: whatever the handler raised (after recording the failure).
         """
+        joined = None
+        if connection is not None:  # a SQLAlchemy session or connection: its driver's
+            connection, joined = join(connection)
         if self.events:
-            return self._observed(key, payload, handler, connection, delivery)
-        return self._process(key, payload, handler, connection, delivery)
+            return self._observed(key, payload, handler, connection, delivery, joined)
+        return self._process(key, payload, handler, connection, delivery, joined)
 
     def _observed(
         self,
@@ -199,6 +206,7 @@ class Inbox:
         handler: Callable[[Any, Tx], T],
         connection: Any,
         delivery: Delivery | None,
+        joined: Any = None,
     ) -> Outcome[T]:
         """:meth:`process` with its events emitted (see ``onceonly.events``)."""
         headers = delivery.headers if delivery is not None else None
@@ -212,7 +220,7 @@ class Inbox:
                 seen.handler_ended()
 
         try:
-            outcome = self._process(key, payload, timed, connection, delivery)
+            outcome = self._process(key, payload, timed, connection, delivery, joined)
         except BaseException as exc:
             seen.raised(exc)
             raise
@@ -226,6 +234,7 @@ class Inbox:
         handler: Callable[[Any, Tx], T],
         connection: Any,
         delivery: Delivery | None,
+        joined: Any = None,
     ) -> Outcome[T]:
         key = validate_key(key)
         fp = fingerprint(payload, custom=self._fingerprint, fields=self._fields)
@@ -279,7 +288,7 @@ class Inbox:
                             if claimed is None:
                                 continue  # the row changed since it was read: read it again
                     if claimed is not None:
-                        tx = Tx(session, scope, key, attempt, delivery, self.outbox)
+                        tx = Tx(session, scope, key, attempt, delivery, self.outbox, joined)
                         started = _acompat.monotonic()
                         try:
                             result = handler(payload, tx)

@@ -130,6 +130,10 @@ class AsyncMySQLSession:
         self._mode = mode
         self._lock_wait = lock_wait
         self._held: set[tuple[str, str]] = set()  # keys whose row lock we hold
+        # The server flags a transaction begun with BEGIN; one begun implicitly (a
+        # caller's connection with autocommit off) is not always flagged: then whether it
+        # ended cannot be read locally, and it is assumed to go on.
+        self._flagged = mode != _JOINED or in_transaction(conn)
 
     @property
     def connection(self) -> Any:
@@ -141,7 +145,7 @@ class AsyncMySQLSession:
         conn = self._conn
         if is_closed(conn):
             return TxHealth.LOST
-        if self._mode != _AUTOCOMMIT and not in_transaction(conn):
+        if self._mode != _AUTOCOMMIT and self._flagged and not in_transaction(conn):
             return TxHealth.ENDED  # committed or rolled back (a deadlock rolls back too)
         return TxHealth.OK
 
@@ -318,7 +322,7 @@ class AsyncMySQLSession:
         conn = self._conn
         try:
             if self._mode == _JOINED:
-                if in_transaction(conn) and not is_closed(conn):
+                if (in_transaction(conn) or not self._flagged) and not is_closed(conn):
                     cur = await conn.cursor()
                     await cur.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
                     await cur.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
