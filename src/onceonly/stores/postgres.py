@@ -69,6 +69,7 @@ from onceonly.stores._postgres_sql import (
     _Statements,
 )
 from onceonly.stores.postgres_partitions import PostgresPartitions
+from onceonly.stores.postgres_psycopg2 import is_psycopg2, joined
 from onceonly.stores.postgres_session import (
     _AUTOCOMMIT,
     _IDLE,
@@ -457,7 +458,9 @@ class PostgresStore:
 
         Args:
             connection: a psycopg connection of the caller, already inside a transaction;
-                the session then works in a savepoint of it and never commits it.
+                the session then works in a savepoint of it and never commits it. The
+                sync store also joins a psycopg2 connection with autocommit off
+                (:mod:`onceonly.stores.postgres_psycopg2`).
             lock_wait: seconds a statement waits for another transaction holding the same
                 key (its concurrent claim) before :class:`~onceonly.InFlight`.
 
@@ -473,6 +476,8 @@ class PostgresStore:
         """
         timeout = _lock_timeout(lock_wait)
         begins = False
+        if connection is not None and is_psycopg2(connection):
+            return joined(self, connection, timeout)  # type: ignore[return-value]
         if connection is not None:
             if not isinstance(connection, psycopg.Connection):
                 raise ConfigurationError(

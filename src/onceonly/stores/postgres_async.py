@@ -68,6 +68,8 @@ from onceonly.stores._postgres_sql import (
     _Statements,
 )
 from onceonly.stores.postgres_partitions_async import AsyncPostgresPartitions
+
+# unasync: add from onceonly.stores.postgres_psycopg2 import is_psycopg2, joined
 from onceonly.stores.postgres_session_async import (
     _AUTOCOMMIT,
     _IDLE,
@@ -461,7 +463,9 @@ class AsyncPostgresStore:
 
         Args:
             connection: a psycopg connection of the caller, already inside a transaction;
-                the session then works in a savepoint of it and never commits it.
+                the session then works in a savepoint of it and never commits it. The
+                sync store also joins a psycopg2 connection with autocommit off
+                (:mod:`onceonly.stores.postgres_psycopg2`).
             lock_wait: seconds a statement waits for another transaction holding the same
                 key (its concurrent claim) before :class:`~onceonly.InFlight`.
 
@@ -477,6 +481,8 @@ class AsyncPostgresStore:
         """
         timeout = _lock_timeout(lock_wait)
         begins = False
+        # unasync: add if connection is not None and is_psycopg2(connection):
+        # unasync: add     return joined(self, connection, timeout)  # type: ignore[return-value]
         if connection is not None:
             if not isinstance(connection, psycopg.AsyncConnection):
                 raise ConfigurationError(
