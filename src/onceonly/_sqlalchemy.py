@@ -6,8 +6,8 @@ SQLAlchemy begins transactions lazily: a ``Session`` inside ``session.begin()`` 
 autobegin) has no database transaction until its first statement. That counts as begun
 here: the session's connection is taken (``session.connection()``, never a second one)
 and the database transaction is opened on it the way the driver would have done for the
-next statement (PyMySQL/aiomysql with autocommit off need nothing; a ``sqlite3``
-connection gets its ``BEGIN``; a psycopg 3 connection gets its ``BEGIN`` through libpq).
+next statement (a ``sqlite3`` connection gets its ``BEGIN``; psycopg, psycopg2, PyMySQL
+and aiomysql with autocommit off begin it themselves with the claim's first statement).
 SQLAlchemy still owns the transaction: it commits or rolls back, onceonly never does.
 
 SQLAlchemy is imported only when a caller passes one of its objects (no dependency).
@@ -48,20 +48,6 @@ def _begin_driver(driver: Any) -> Any:
         if not driver.in_transaction:
             driver.execute("BEGIN")
         return driver
-    psycopg = sys.modules.get("psycopg")
-    if psycopg is not None and isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
-        from psycopg.pq import TransactionStatus
-
-        idle = driver.pgconn.transaction_status == TransactionStatus.IDLE
-        if idle and not driver.autocommit:
-            # psycopg would send this BEGIN before the next statement; sent through libpq,
-            # psycopg sees the transaction open and commits it when SQLAlchemy does
-            result = driver.pgconn.exec_(b"BEGIN")
-            if result.status != psycopg.pq.ExecStatus.COMMAND_OK:
-                raise ConfigurationError(
-                    "could not begin the transaction of the SQLAlchemy session: "
-                    f"{result.error_message.decode(errors='replace')}"
-                )
     return driver
 
 
