@@ -71,8 +71,9 @@ class Keys:
             return f"{self.prefix}-{self.n:09d}", self.n
 
 
-def measure(worker: Worker, concurrency: int, seconds: float) -> float:
-    """Messages per second of ``worker`` on ``concurrency`` threads for ``seconds``."""
+def measure(worker: Worker, concurrency: int, seconds: float) -> tuple[float, float]:
+    """Messages per second of ``worker`` on ``concurrency`` threads for ``seconds``, and
+    this process's CPU microseconds per message."""
     counts = [0] * concurrency
     errors: list[BaseException] = []
     barrier = threading.Barrier(concurrency + 1)
@@ -88,14 +89,17 @@ def measure(worker: Worker, concurrency: int, seconds: float) -> float:
     threads = [threading.Thread(target=run, args=(i,)) for i in range(concurrency)]
     for t in threads:
         t.start()
+    cpu = time.process_time()
     start = time.perf_counter()
     deadline[0] = start + seconds
     barrier.wait()
     for t in threads:
         t.join()
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     if errors:
         raise errors[0]
-    return sum(counts) / (time.perf_counter() - start)
+    done = max(1, sum(counts))
+    return done / elapsed, cpu / done * 1e6
 
 
 def connect(url: str) -> Any:
@@ -180,7 +184,10 @@ def main(argv: list[str]) -> int:
     print(f"onceonly {onceonly.__version__}, Python {platform.python_version()}, "
           f"{admin.get_server_info()}, {os.cpu_count()} CPUs")  # fmt: skip
     print(f"{args.seconds:g}s x {args.repeat} per side, medians; target ratio >= {TARGET}\n")
-    print(f"{'concurrency':>11}  {'onceonly msg/s':>14}  {'baseline msg/s':>14}  {'ratio':>6}")
+    print(
+        f"{'concurrency':>11}  {'onceonly msg/s':>14}  {'baseline msg/s':>14}  {'ratio':>6}"
+        f"  {'client CPU µs/msg onceonly':>26}  {'baseline':>8}"
+    )
     worst = float("inf")
     try:
         for concurrency in (1, 8):
@@ -192,9 +199,13 @@ def main(argv: list[str]) -> int:
             for _ in range(args.repeat):
                 ours.append(measure(mine, concurrency, args.seconds))
                 theirs.append(measure(base, concurrency, args.seconds))
-            o, b = statistics.median(ours), statistics.median(theirs)
+            o, b = (statistics.median(r for r, _ in runs) for runs in (ours, theirs))
+            oc, bc = (statistics.median(c for _, c in runs) for runs in (ours, theirs))
             worst = min(worst, o / b)
-            print(f"{'c' + str(concurrency):>11}  {o:>14,.0f}  {b:>14,.0f}  {o / b:>5.2f}x")
+            print(
+                f"{'c' + str(concurrency):>11}  {o:>14,.0f}  {b:>14,.0f}  {o / b:>5.2f}x"
+                f"  {oc:>26,.0f}  {bc:>8,.0f}"
+            )
             store.close()
             for conn in conns:
                 conn.close()
