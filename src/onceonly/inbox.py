@@ -318,6 +318,8 @@ class Inbox:
             except HandlerFailed as failed:
                 if failed.transient:
                     self._uncount(key, own)
+                    if not isinstance(failed.exc, Exception):
+                        raise failed.exc from None  # a cancellation stays one (not counted)
                     raise StoreUnavailable(
                         f"the store went away while the handler ran: {failed.exc}",
                         key=key,

@@ -317,6 +317,8 @@ class AsyncInbox:
             except HandlerFailed as failed:
                 if failed.transient:
                     await self._uncount(key, own)
+                    if not isinstance(failed.exc, Exception):
+                        raise failed.exc from None  # a cancellation stays one (not counted)
                     raise StoreUnavailable(
                         f"the store went away while the handler ran: {failed.exc}",
                         key=key,

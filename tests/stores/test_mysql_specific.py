@@ -267,3 +267,47 @@ def test_the_mysql_claim_path_inserts_and_reads_back(mysql: StoreFactory) -> Non
     inbox = onceonly.Inbox(store, consumer="c")
     assert inbox.process("m", {}, lambda p, tx: 1).result == 1
     assert inbox.process("m", {}, lambda p, tx: 2).replayed
+
+
+def test_nested_joins_keep_their_own_savepoints(caller: tuple[Any, Any]) -> None:
+    """A handler that processes another message on the same connection: each join has a
+    savepoint of its own (MySQL would replace one of the same name)."""
+    store, conn = caller
+    outer, inner = onceonly.Inbox(store, consumer="outer"), onceonly.Inbox(store, consumer="in")
+
+    def handler(p: Any, tx: onceonly.Tx) -> int:
+        assert inner.process("k", {}, lambda p, tx: 1, connection=tx.connection).result == 1
+        return 2
+
+    conn.begin()
+    assert outer.process("k", {}, handler, connection=conn).result == 2
+    conn.commit()
+    assert outer.process("k", {}, handler).replayed
+    assert inner.process("k", {}, lambda p, tx: 3).replayed
+
+
+async def test_a_cancelled_transaction_leaves_the_pool_usable() -> None:
+    import asyncio
+
+    require_mysql()
+    table = unique_table()
+    store = onceonly.open_async_store(MYSQL_URL, table=table, outbox_table=None, max_size=2)
+    await store.migrate()
+    inbox = onceonly.AsyncInbox(store, consumer="c")
+
+    async def slow(p: Any, tx: onceonly.AsyncTx) -> int:
+        await tx.execute("SELECT SLEEP(2)")
+        return 1
+
+    async def quick(p: Any, tx: onceonly.AsyncTx) -> int:
+        return 2
+
+    try:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(inbox.process("k", {}, slow), 0.3)
+        for i in range(3):  # no connection left mid-statement in the pool
+            assert (await inbox.process(f"q{i}", {}, quick)).result == 2
+        assert (await inbox.process("k", {}, quick)).result == 2  # the cut run was undone
+    finally:
+        await store.close()
+        drop_mysql_table(table)

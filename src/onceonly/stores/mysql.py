@@ -219,8 +219,13 @@ class MySQLStore:
         conn = self._checkout()
         try:
             yield conn
-        finally:
-            self._checkin(conn)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                self._checkin(conn)
+            else:  # cancelled or interrupted, maybe mid-statement: not reused
+                self._discard(conn)
+            raise
+        self._checkin(conn)
 
     def open(self) -> None:
         """Connect once now (a bad URL or an unreachable server fails here)."""

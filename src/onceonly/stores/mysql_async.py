@@ -223,8 +223,13 @@ class AsyncMySQLStore:
         conn = await self._checkout()
         try:
             yield conn
-        finally:
-            await self._checkin(conn)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                await self._checkin(conn)
+            else:  # cancelled or interrupted, maybe mid-statement: not reused
+                self._discard(conn)
+            raise
+        await self._checkin(conn)
 
     async def open(self) -> None:
         """Connect once now (a bad URL or an unreachable server fails here)."""

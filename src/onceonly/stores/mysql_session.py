@@ -9,6 +9,7 @@ The invariants are those of :mod:`onceonly.stores.mysql`.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ _LOCK_WAIT_TIMEOUT = 1205
 _NO_SUCH_TABLE = 1146
 # Claims that found the row gone between the insert and the read (autocommit: purged).
 _CLAIM_RETRIES = 5
+_SAVEPOINTS = itertools.count(1)
 
 
 def in_transaction(conn: Any) -> bool:
@@ -131,6 +133,7 @@ class MySQLSession:
         self._mode = mode
         self._lock_wait = lock_wait
         self._held: set[tuple[str, str]] = set()  # keys whose row lock we hold
+        self._savepoint = SAVEPOINT  # joined: the savepoint this session opened
         # The server flags a transaction begun with BEGIN; one begun implicitly (a
         # caller's connection with autocommit off) is not always flagged: then whether it
         # ended cannot be read locally, and it is assumed to go on.
@@ -314,7 +317,7 @@ class MySQLSession:
         with _DriverErrors():
             if self._mode == _JOINED:
                 cur = conn.cursor()
-                cur.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+                cur.execute(f"RELEASE SAVEPOINT {self._savepoint}")
             else:
                 conn.commit()
 
@@ -325,8 +328,8 @@ class MySQLSession:
             if self._mode == _JOINED:
                 if (in_transaction(conn) or not self._flagged) and not is_closed(conn):
                     cur = conn.cursor()
-                    cur.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
-                    cur.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+                    cur.execute(f"ROLLBACK TO SAVEPOINT {self._savepoint}")
+                    cur.execute(f"RELEASE SAVEPOINT {self._savepoint}")
             elif not is_closed(conn):
                 conn.rollback()
         except Exception:
@@ -350,12 +353,17 @@ class _Transaction:
     def __enter__(self) -> MySQLSession:
         store = self._store
         if self._caller is not None:
+            # A name of its own: MySQL replaces a savepoint of the same name, so a nested
+            # join (a handler processing another message on the same connection) would
+            # release the outer one.
+            name = f"{SAVEPOINT}_{next(_SAVEPOINTS)}"
             with _DriverErrors():
                 cur = self._caller.cursor()
-                cur.execute(f"SAVEPOINT {SAVEPOINT}")
+                cur.execute(f"SAVEPOINT {name}")
             self._session = MySQLSession(
                 store, self._caller, mode=_JOINED, lock_wait=self._lock_wait
             )
+            self._session._savepoint = name
             return self._session
         conn = store._checkout()
         try:
@@ -378,4 +386,9 @@ class _Transaction:
                 session._rollback()
         finally:
             if self._conn is not None:
-                self._store._checkin(self._conn)
+                if exc is not None and not isinstance(exc, Exception):
+                    # cancelled or interrupted, maybe mid-statement: the connection's
+                    # protocol state is unknown, so it is not reused
+                    self._store._discard(self._conn)
+                else:
+                    self._store._checkin(self._conn)

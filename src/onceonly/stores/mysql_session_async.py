@@ -8,6 +8,7 @@ The invariants are those of :mod:`onceonly.stores.mysql_async`.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,7 @@ _LOCK_WAIT_TIMEOUT = 1205
 _NO_SUCH_TABLE = 1146
 # Claims that found the row gone between the insert and the read (autocommit: purged).
 _CLAIM_RETRIES = 5
+_SAVEPOINTS = itertools.count(1)
 
 
 def in_transaction(conn: Any) -> bool:
@@ -130,6 +132,7 @@ class AsyncMySQLSession:
         self._mode = mode
         self._lock_wait = lock_wait
         self._held: set[tuple[str, str]] = set()  # keys whose row lock we hold
+        self._savepoint = SAVEPOINT  # joined: the savepoint this session opened
         # The server flags a transaction begun with BEGIN; one begun implicitly (a
         # caller's connection with autocommit off) is not always flagged: then whether it
         # ended cannot be read locally, and it is assumed to go on.
@@ -313,7 +316,7 @@ class AsyncMySQLSession:
         with _DriverErrors():
             if self._mode == _JOINED:
                 cur = await conn.cursor()
-                await cur.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+                await cur.execute(f"RELEASE SAVEPOINT {self._savepoint}")
             else:
                 await conn.commit()
 
@@ -324,8 +327,8 @@ class AsyncMySQLSession:
             if self._mode == _JOINED:
                 if (in_transaction(conn) or not self._flagged) and not is_closed(conn):
                     cur = await conn.cursor()
-                    await cur.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
-                    await cur.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+                    await cur.execute(f"ROLLBACK TO SAVEPOINT {self._savepoint}")
+                    await cur.execute(f"RELEASE SAVEPOINT {self._savepoint}")
             elif not is_closed(conn):
                 await conn.rollback()
         except Exception:
@@ -349,12 +352,17 @@ class _Transaction:
     async def __aenter__(self) -> AsyncMySQLSession:
         store = self._store
         if self._caller is not None:
+            # A name of its own: MySQL replaces a savepoint of the same name, so a nested
+            # join (a handler processing another message on the same connection) would
+            # release the outer one.
+            name = f"{SAVEPOINT}_{next(_SAVEPOINTS)}"
             with _DriverErrors():
                 cur = await self._caller.cursor()
-                await cur.execute(f"SAVEPOINT {SAVEPOINT}")
+                await cur.execute(f"SAVEPOINT {name}")
             self._session = AsyncMySQLSession(
                 store, self._caller, mode=_JOINED, lock_wait=self._lock_wait
             )
+            self._session._savepoint = name
             return self._session
         conn = await store._checkout()
         try:
@@ -377,4 +385,9 @@ class _Transaction:
                 await session._rollback()
         finally:
             if self._conn is not None:
-                await self._store._checkin(self._conn)
+                if exc is not None and not isinstance(exc, Exception):
+                    # cancelled or interrupted, maybe mid-statement: the connection's
+                    # protocol state is unknown, so it is not reused
+                    self._store._discard(self._conn)
+                else:
+                    await self._store._checkin(self._conn)
