@@ -11,10 +11,12 @@ Invariants:
   read a decision is taken from inside a transaction is a locking read
   (``SELECT … FOR UPDATE``), which sees the latest committed row whatever the isolation
   level, so a caller's REPEATABLE READ transaction that the store joins is safe too.
-* **Claim: insert-or-keep, then a locking read.** ``INSERT … ON DUPLICATE KEY UPDATE
-  token = token`` inserts the claim or locks the existing row (waiting for a concurrent
-  uncommitted claim of the same key); the row is then read back with its lock held. The
-  claim's fresh 63-bit token tells whether the row read is the one inserted.
+* **Claim: insert-or-keep, one statement on MariaDB.** ``INSERT … ON DUPLICATE KEY
+  UPDATE token = token`` inserts the claim or locks the existing row (waiting for a
+  concurrent uncommitted claim of the same key) and, on MariaDB, ``RETURNING`` hands the
+  row back (the latest committed version: the no-op update read it under its lock). MySQL
+  has no ``INSERT … RETURNING``: there a locking read follows. The claim's fresh 63-bit
+  token tells whether the row is the one inserted.
 * **Bounded waits, only for our own statements.** A statement that may wait for another
   transaction's row lock carries its own ``innodb_lock_wait_timeout`` (MariaDB's
   ``SET STATEMENT … FOR``, MySQL's ``SET_VAR`` hint): whole seconds, ``lock_wait`` rounded
