@@ -311,3 +311,39 @@ async def test_a_cancelled_transaction_leaves_the_pool_usable() -> None:
     finally:
         await store.close()
         drop_mysql_table(table)
+
+
+async def test_async_relay_and_outbox_on_mariadb() -> None:
+    """AsyncRelay publishes rows written through AsyncInbox's tx.publish (aiomysql)."""
+    import asyncio
+
+    from onceonly.testing import AsyncListPublisher
+
+    require_mysql()
+    table = unique_table()
+    store = onceonly.open_async_store(MYSQL_URL, table=table, outbox_table=f"{table}_outbox")
+    try:
+        await store.migrate()
+        inbox = onceonly.AsyncInbox(store, consumer="c")
+
+        async def handler(payload: Any, tx: onceonly.AsyncTx) -> str:
+            return await tx.publish("topic", payload, key="same")
+
+        ids = [(await inbox.process(f"k{i}", {"i": i}, handler)).result for i in range(5)]
+        outbox = onceonly.AsyncOutbox(store)
+        assert await outbox.counts() == {"pending": 5, "dead": 0}
+        pub = AsyncListPublisher()
+        relay = onceonly.AsyncRelay(store, pub, poll_interval=0.05, batch_size=2)
+        task = asyncio.ensure_future(relay.run())
+        for _ in range(200):
+            if len(pub.messages) == 5:
+                break
+            await asyncio.sleep(0.02)
+        relay.stop()
+        stats = await asyncio.wait_for(task, 10)
+        assert [m.id for m in pub.messages] == ids  # one relay: in insert order
+        assert stats.published == 5
+        assert await outbox.counts() == {"pending": 0, "dead": 0}
+    finally:
+        await store.close()
+        drop_mysql_table(table, f"{table}_outbox")
