@@ -21,6 +21,7 @@ from onceonly.testing import ManualClock
 PG_URL = os.environ.get("ONCEONLY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("ONCEONLY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+MYSQL_URL = os.environ.get("ONCEONLY_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test")
 
 
 def unavailable(what: str) -> None:
@@ -76,6 +77,54 @@ def drop_redis_prefix(prefix: str) -> None:
             r.delete(*keys[i : i + 500])
 
 
+_mysql_ok: bool | None = None
+
+
+def _mysql_connect() -> Any:
+    import pymysql
+
+    from onceonly.stores._mysql_sql import parse_url
+
+    args = parse_url(MYSQL_URL)
+    database = args.pop("database")
+    conn = pymysql.connect(**args, autocommit=True, connect_timeout=3)
+    conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+    conn.select_db(database)
+    return conn
+
+
+def require_mysql() -> str:
+    """The MariaDB/MySQL test URL (its database created if missing)."""
+    global _mysql_ok
+    if _mysql_ok is None:
+        try:
+            _mysql_connect().close()
+            _mysql_ok = True
+        except Exception:
+            _mysql_ok = False
+    if not _mysql_ok:
+        unavailable(f"MariaDB/MySQL at {MYSQL_URL}")
+    return MYSQL_URL
+
+
+def drop_mysql_table(*tables: str) -> None:
+    conn = _mysql_connect()
+    try:
+        cur = conn.cursor()
+        for table in tables:
+            cur.execute(f"DROP TABLE IF EXISTS `{table}`")
+            cur.execute(f"DROP TABLE IF EXISTS `{table}_counts`")
+            cur.execute(f"DROP TABLE IF EXISTS `{table}_keys`")
+        cur.execute(
+            "DELETE FROM onceonly_schema WHERE component IN %s"
+            if cur.execute("SHOW TABLES LIKE 'onceonly_schema'")
+            else "SELECT %s",
+            ([f"records:{t}" for t in tables] + [f"outbox:{t}" for t in tables],),
+        )
+    finally:
+        conn.close()
+
+
 def unique_table() -> str:
     return f"t_{uuid.uuid4().hex[:12]}"
 
@@ -93,8 +142,8 @@ def drop_pg_table(table: str) -> None:
 # "pgpart": PostgreSQL with the time-partitioned records table (migrate(partitioned=True)).
 # It runs in the directories of PARTITIONED_DIRS (the contract suite, races, admin, the
 # model); elsewhere its cases are deselected (see pytest_collection_modifyitems).
-STORE_KINDS = ["memory", "sqlite", "postgres", "pgpart"]
-SQL_KINDS = ["sqlite", "postgres", "pgpart"]
+STORE_KINDS = ["memory", "sqlite", "postgres", "pgpart", "mysql"]
+SQL_KINDS = ["sqlite", "postgres", "pgpart", "mysql"]
 PG_KINDS = ("postgres", "pgpart")
 # Stores for leased mode only (@idempotent): every store, plus Redis (no atomic mode).
 LEASED_KINDS = [*STORE_KINDS, "redis"]
@@ -141,6 +190,7 @@ class StoreFactory:
             "postgres": PG_URL,
             "pgpart": PG_URL,
             "redis": REDIS_URL,
+            "mysql": MYSQL_URL,
         }[kind]
         if kind == "redis":
             self.table = f"{self.table}:"  # the key prefix of this test's records
@@ -151,6 +201,8 @@ class StoreFactory:
     def __call__(self, **options: Any) -> Any:
         if self.kind in PG_KINDS:
             require_postgres()
+        if self.kind == "mysql":
+            require_mysql()
         if self.kind == "pgpart" and not self._opened:
             create_partitioned(self.table)
         if self.kind == "redis":
@@ -176,6 +228,8 @@ class StoreFactory:
             drop_pg_table(f"{self.table}_outbox")
         if self.kind == "redis" and _redis_ok:
             drop_redis_prefix(self.table)
+        if self.kind == "mysql" and _mysql_ok:
+            drop_mysql_table(self.table, f"{self.table}_ledger", f"{self.table}_outbox")
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -245,12 +299,15 @@ async def _async_store(kind: str, tmp_path: Path) -> AsyncIterator[Any]:
         create_partitioned(table)
     if kind == "redis":
         require_redis()
+    if kind == "mysql":
+        require_mysql()
     url = {
         "memory": "memory://",
         "sqlite": f"sqlite:///{tmp_path / 'onceonly.db'}",
         "postgres": PG_URL,
         "pgpart": PG_URL,
         "redis": REDIS_URL,
+        "mysql": MYSQL_URL,
     }[kind]
     options: dict[str, Any] = {"table": table, "outbox_table": f"{table}_outbox"}
     if kind == "memory":
@@ -266,6 +323,8 @@ async def _async_store(kind: str, tmp_path: Path) -> AsyncIterator[Any]:
         drop_pg_table(f"{table}_outbox")
     if kind == "redis":
         drop_redis_prefix(f"{table}:")
+    if kind == "mysql":
+        drop_mysql_table(table, f"{table}_outbox")
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -286,7 +345,9 @@ def business_table(store: Any, name: str | None = None) -> Callable[[], int]:
     if isinstance(store, MemoryStore):
         raise TypeError("the memory store has no SQL")
     name = name or f"{store.table}_ledger"
-    with store.transaction() as s:
+    # DDL ends a transaction on MariaDB/MySQL (an implicit commit): run it on its own
+    ddl = store.session if getattr(store, "dialect", None) == "mysql" else store.transaction
+    with ddl() as s:
         s.execute(f"CREATE TABLE IF NOT EXISTS {name} (id TEXT NOT NULL, amount INTEGER)")
 
     def count() -> int:

@@ -31,6 +31,9 @@ SOURCES = [
     "src/onceonly/admin_async.py",
     "src/onceonly/stores/redis_store_async.py",
     "src/onceonly/stores/tiered_async.py",
+    "src/onceonly/stores/mysql_session_async.py",
+    "src/onceonly/stores/mysql_async.py",
+    "src/onceonly/stores/mysql_admin_async.py",
 ]
 
 RULES: list[tuple[str, str]] = [

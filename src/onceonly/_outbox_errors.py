@@ -27,6 +27,10 @@ def transient(exc: BaseException) -> bool:
     if isinstance(exc, sqlite3.OperationalError):
         text = str(exc)
         return any(s in text for s in ("locked", "busy", "unable to open", "disk I/O"))
+    pymysql = sys.modules.get("pymysql")  # loaded if the store is MariaDB/MySQL
+    if pymysql is not None and isinstance(exc, pymysql.err.Error):
+        # OperationalError: lost or refused connections, deadlocks, lock wait timeouts
+        return isinstance(exc, (pymysql.err.OperationalError, pymysql.err.InterfaceError))
     psycopg = sys.modules.get("psycopg")  # loaded if the store is PostgreSQL
     if psycopg is not None and isinstance(exc, psycopg.Error):
         # OperationalError: lost or refused connections, admin/crash shutdown, "starting
@@ -38,6 +42,9 @@ def transient(exc: BaseException) -> bool:
 def driver_error(exc: BaseException) -> bool:
     """Whether ``exc`` comes from a database driver (sqlite3, psycopg)."""
     if isinstance(exc, sqlite3.Error):
+        return True
+    pymysql = sys.modules.get("pymysql")
+    if pymysql is not None and isinstance(exc, pymysql.err.Error):
         return True
     psycopg = sys.modules.get("psycopg")
     return psycopg is not None and isinstance(exc, psycopg.Error)
@@ -68,5 +75,8 @@ def missing_table(exc: BaseException) -> bool:
     """Whether ``exc`` says a table does not exist (the store was never migrated)."""
     if isinstance(exc, sqlite3.OperationalError):
         return str(exc).startswith("no such table")
+    pymysql = sys.modules.get("pymysql")
+    if pymysql is not None and isinstance(exc, pymysql.err.Error):
+        return bool(exc.args) and exc.args[0] == 1146  # ER_NO_SUCH_TABLE
     psycopg = sys.modules.get("psycopg")
     return psycopg is not None and isinstance(exc, psycopg.errors.UndefinedTable)

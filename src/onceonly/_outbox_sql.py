@@ -27,6 +27,8 @@ SCHEMA_VERSION = 1
 #: SQLite's clock as epoch seconds (millisecond precision); the outbox uses the store's
 #: clock on both dialects, never the application's.
 SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+#: MariaDB/MySQL's clock as epoch seconds (microseconds; the store's sessions are UTC).
+MYSQL_NOW = "UNIX_TIMESTAMP(NOW(6))"
 _COLS = "seq, id, topic, key, payload, headers, attempts, created_at"
 
 
@@ -39,7 +41,7 @@ class OutboxSQL:
 
     def __post_init__(self) -> None:
         validate_identifier(self.table)
-        if self.dialect not in ("sqlite", "postgresql"):
+        if self.dialect not in ("sqlite", "postgresql", "mysql"):
             raise ValueError(f"no outbox for the {self.dialect} store")
 
     @property
@@ -49,6 +51,22 @@ class OutboxSQL:
 
     def migrate(self) -> list[str]:
         t = self.table
+        if self.dialect == "mysql":
+            return [
+                f"CREATE TABLE IF NOT EXISTS `{t}` ("
+                " seq BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,"
+                " id VARCHAR(64) NOT NULL UNIQUE, topic VARCHAR(255) NOT NULL,"
+                " `key` VARCHAR(255), payload LONGTEXT NOT NULL, headers LONGTEXT,"
+                " state VARCHAR(16) NOT NULL DEFAULT 'pending'"
+                " CHECK (state IN ('pending', 'dead')), attempts INT NOT NULL DEFAULT 0,"
+                " available_at DOUBLE NOT NULL, last_error LONGTEXT, created_at DOUBLE NOT NULL,"
+                f" INDEX `{t[:57]}_ready` (state, available_at, seq),"
+                f" INDEX `{t[:56]}_by_key` (`key`, seq)"
+                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+                # ordered mode: one row per key, locked by each insert of that key
+                f"CREATE TABLE IF NOT EXISTS `{self.keys_table}` (`key` VARCHAR(255) NOT NULL"
+                " PRIMARY KEY) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+            ]
         if self.dialect == "sqlite":
             return [
                 f"CREATE TABLE IF NOT EXISTS {t} ("
@@ -77,6 +95,19 @@ class OutboxSQL:
             f" FOR EACH STATEMENT EXECUTE FUNCTION {t}_notify()",
         ]
 
+    @property
+    def keys_table(self) -> str:
+        """MariaDB/MySQL: the table of per-key lock rows (ordered mode)."""
+        return f"{self.table[:59]}_keys"
+
+    def lock_key(self) -> str:
+        """MariaDB/MySQL, ordered mode: lock the key's row until the transaction ends, so
+        a key's inserts are serialised and ``seq`` order is commit order. (key)"""
+        return (
+            f"INSERT INTO `{self.keys_table}` (`key`) VALUES (?)"
+            " ON DUPLICATE KEY UPDATE `key` = `key`"
+        )
+
     def insert(self, *, lock_key: bool) -> str:
         """Parameters: id, topic, key, payload, headers (preceded by the key to lock)."""
         t = self.table
@@ -84,6 +115,11 @@ class OutboxSQL:
             return (
                 f"INSERT INTO {t} (id, topic, key, payload, headers, available_at, created_at)"
                 f" VALUES (?, ?, ?, ?, ?, {SQLITE_NOW}, {SQLITE_NOW})"
+            )
+        if self.dialect == "mysql":
+            return (
+                f"INSERT INTO `{t}` (id, topic, `key`, payload, headers, available_at,"
+                f" created_at) VALUES (?, ?, ?, ?, ?, {MYSQL_NOW}, {MYSQL_NOW})"
             )
         values = "INSERT INTO {t} (id, topic, key, payload, headers) "
         if lock_key:
@@ -111,6 +147,15 @@ class OutboxSQL:
                 " WHERE o.state = 'pending' AND o.available_at <= clock_timestamp()"
                 f"{self._eligible('o', ordered)} ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED"
             )
+        if self.dialect == "mysql":
+            return (
+                f"SELECT o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.attempts,"
+                # the primary key only: a scan of a secondary index would keep locks on
+                # entries of rows another relay holds, and two relays' deletes deadlock
+                f" o.created_at FROM `{t}` o FORCE INDEX (PRIMARY) WHERE o.state = 'pending'"
+                f" AND o.available_at <= {MYSQL_NOW}{self._eligible('o', ordered)}"
+                " ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED"
+            )
         now = SQLITE_NOW
         return (
             f"UPDATE {t} SET locked_until = {now} + ?, lock_token = ? WHERE seq IN ("
@@ -124,11 +169,19 @@ class OutboxSQL:
         if self.dialect == "postgresql":
             return f"DELETE FROM {self.table} WHERE seq = ANY(?)"
         marks = ", ".join("?" * n)
+        if self.dialect == "mysql":  # (seq): one row a statement (see the relay)
+            return f"DELETE FROM `{self.table}` WHERE seq = ?"
         return f"DELETE FROM {self.table} WHERE lock_token = ? AND seq IN ({marks})"
 
     def fail(self) -> str:
         """A failed publish: (error, delay seconds, max_attempts, seq[, token])."""
         t = self.table
+        if self.dialect == "mysql":  # MySQL assigns left to right: state reads the new attempts
+            return (
+                f"UPDATE `{t}` SET attempts = attempts + 1, last_error = ?,"
+                f" available_at = {MYSQL_NOW} + ?,"
+                " state = IF(attempts >= ?, 'dead', 'pending') WHERE seq = ?"
+            )
         if self.dialect == "postgresql":
             return (
                 f"UPDATE {t} SET attempts = attempts + 1, last_error = ?,"
@@ -147,6 +200,8 @@ class OutboxSQL:
         """A publish that failed because the broker was unreachable: no attempt counted,
         the row waits ``delay`` seconds. (error, delay seconds, seq[, token])."""
         t = self.table
+        if self.dialect == "mysql":
+            return f"UPDATE `{t}` SET last_error = ?, available_at = {MYSQL_NOW} + ? WHERE seq = ?"
         if self.dialect == "postgresql":
             return (
                 f"UPDATE {t} SET last_error = ?,"
@@ -164,14 +219,17 @@ class OutboxSQL:
             if self.dialect == "postgresql"
             else "created_at"
         )
+        key, table = (
+            ("`key`", f"`{self.table}`") if self.dialect == "mysql" else ("key", self.table)
+        )
         return (
-            f"SELECT seq, id, topic, key, payload, headers, attempts, {created}, last_error"
-            f" FROM {self.table} WHERE state = ? ORDER BY seq LIMIT ?"
+            f"SELECT seq, id, topic, {key}, payload, headers, attempts, {created}, last_error"
+            f" FROM {table} WHERE state = ? ORDER BY seq LIMIT ?"
         )
 
     def redrive(self, *, all_dead: bool) -> str:
         """Dead rows back to pending with zero attempts: (id) or nothing for all."""
-        now = "clock_timestamp()" if self.dialect == "postgresql" else SQLITE_NOW
+        now = {"postgresql": "clock_timestamp()", "mysql": MYSQL_NOW}.get(self.dialect, SQLITE_NOW)
         where = "state = 'dead'" + ("" if all_dead else " AND id = ?")
         return (
             f"UPDATE {self.table} SET state = 'pending', attempts = 0, available_at = {now}"

@@ -36,6 +36,7 @@ from onceonly._core.state import (
     decide,
 )
 from onceonly._inbox_rules import HandlerFailed, check_health, dead_error, is_own_mark
+from onceonly._sqlalchemy import join
 from onceonly.errors import (
     ConfigurationError,
     DeadLettered,
@@ -132,7 +133,7 @@ class Inbox:
         self.max_result_bytes = max_result_bytes
         self.result_type = result_type
         self.precount_attempts = precount_attempts
-        if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql"):
+        if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql", "mysql"):
             outbox = Outbox(store)
         self.outbox = outbox
         self.events = EventHook(listeners)
@@ -173,7 +174,10 @@ class Inbox:
             payload: the message body, passed to the handler and fingerprinted.
             handler: does the work through ``tx``; its return value is stored.
             connection: a caller's connection already inside a transaction; the claim
-                joins it (in a savepoint) and it is never committed here.
+                joins it (in a savepoint) and it is never committed here. A SQLAlchemy
+                ``Session``/``Connection`` (``Session``/``Connection`` here)
+                is joined on its own connection, its lazily begun transaction counting
+                as begun; the handler gets it back as ``tx.session``.
             delivery: broker metadata handed to the handler as ``tx.delivery``.
 
         Returns:
@@ -189,9 +193,12 @@ class Inbox:
             TransactionError: the handler ended or broke the transaction (counted).
             Exception: whatever the handler raised (after recording the failure).
         """
+        joined = None
+        if connection is not None:  # a SQLAlchemy session or connection: its driver's
+            connection, joined = join(connection)
         if self.events:
-            return self._observed(key, payload, handler, connection, delivery)
-        return self._process(key, payload, handler, connection, delivery)
+            return self._observed(key, payload, handler, connection, delivery, joined)
+        return self._process(key, payload, handler, connection, delivery, joined)
 
     def _observed(
         self,
@@ -200,6 +207,7 @@ class Inbox:
         handler: Callable[[Any, Tx], T],
         connection: Any,
         delivery: Delivery | None,
+        joined: Any = None,
     ) -> Outcome[T]:
         """:meth:`process` with its events emitted (see ``onceonly.events``)."""
         headers = delivery.headers if delivery is not None else None
@@ -213,7 +221,7 @@ class Inbox:
                 seen.handler_ended()
 
         try:
-            outcome = self._process(key, payload, timed, connection, delivery)
+            outcome = self._process(key, payload, timed, connection, delivery, joined)
         except BaseException as exc:
             seen.raised(exc)
             raise
@@ -227,6 +235,7 @@ class Inbox:
         handler: Callable[[Any, Tx], T],
         connection: Any,
         delivery: Delivery | None,
+        joined: Any = None,
     ) -> Outcome[T]:
         key = validate_key(key)
         fp = fingerprint(payload, custom=self._fingerprint, fields=self._fields)
@@ -280,7 +289,7 @@ class Inbox:
                             if claimed is None:
                                 continue  # the row changed since it was read: read it again
                     if claimed is not None:
-                        tx = Tx(session, scope, key, attempt, delivery, self.outbox)
+                        tx = Tx(session, scope, key, attempt, delivery, self.outbox, joined)
                         started = _acompat.monotonic()
                         try:
                             result = handler(payload, tx)
@@ -310,6 +319,8 @@ class Inbox:
             except HandlerFailed as failed:
                 if failed.transient:
                     self._uncount(key, own)
+                    if not isinstance(failed.exc, Exception):
+                        raise failed.exc from None  # a cancellation stays one (not counted)
                     raise StoreUnavailable(
                         f"the store went away while the handler ran: {failed.exc}",
                         key=key,

@@ -35,6 +35,7 @@ from onceonly._core.state import (
     decide,
 )
 from onceonly._inbox_rules import HandlerFailed, check_health, dead_error, is_own_mark
+from onceonly._sqlalchemy import join_async
 from onceonly.errors import (
     ConfigurationError,
     DeadLettered,
@@ -131,7 +132,7 @@ class AsyncInbox:
         self.max_result_bytes = max_result_bytes
         self.result_type = result_type
         self.precount_attempts = precount_attempts
-        if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql"):
+        if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql", "mysql"):
             outbox = AsyncOutbox(store)
         self.outbox = outbox
         self.events = EventHook(listeners)
@@ -172,7 +173,10 @@ class AsyncInbox:
             payload: the message body, passed to the handler and fingerprinted.
             handler: does the work through ``tx``; its return value is stored.
             connection: a caller's connection already inside a transaction; the claim
-                joins it (in a savepoint) and it is never committed here.
+                joins it (in a savepoint) and it is never committed here. A SQLAlchemy
+                ``Session``/``Connection`` (``AsyncSession``/``AsyncConnection`` here)
+                is joined on its own connection, its lazily begun transaction counting
+                as begun; the handler gets it back as ``tx.session``.
             delivery: broker metadata handed to the handler as ``tx.delivery``.
 
         Returns:
@@ -188,9 +192,12 @@ class AsyncInbox:
             TransactionError: the handler ended or broke the transaction (counted).
             Exception: whatever the handler raised (after recording the failure).
         """
+        joined = None
+        if connection is not None:  # a SQLAlchemy session or connection: its driver's
+            connection, joined = await join_async(connection)
         if self.events:
-            return await self._observed(key, payload, handler, connection, delivery)
-        return await self._process(key, payload, handler, connection, delivery)
+            return await self._observed(key, payload, handler, connection, delivery, joined)
+        return await self._process(key, payload, handler, connection, delivery, joined)
 
     async def _observed(
         self,
@@ -199,6 +206,7 @@ class AsyncInbox:
         handler: Callable[[Any, AsyncTx], Awaitable[T]],
         connection: Any,
         delivery: Delivery | None,
+        joined: Any = None,
     ) -> Outcome[T]:
         """:meth:`process` with its events emitted (see ``onceonly.events``)."""
         headers = delivery.headers if delivery is not None else None
@@ -212,7 +220,7 @@ class AsyncInbox:
                 seen.handler_ended()
 
         try:
-            outcome = await self._process(key, payload, timed, connection, delivery)
+            outcome = await self._process(key, payload, timed, connection, delivery, joined)
         except BaseException as exc:
             seen.raised(exc)
             raise
@@ -226,6 +234,7 @@ class AsyncInbox:
         handler: Callable[[Any, AsyncTx], Awaitable[T]],
         connection: Any,
         delivery: Delivery | None,
+        joined: Any = None,
     ) -> Outcome[T]:
         key = validate_key(key)
         fp = fingerprint(payload, custom=self._fingerprint, fields=self._fields)
@@ -279,7 +288,7 @@ class AsyncInbox:
                             if claimed is None:
                                 continue  # the row changed since it was read: read it again
                     if claimed is not None:
-                        tx = AsyncTx(session, scope, key, attempt, delivery, self.outbox)
+                        tx = AsyncTx(session, scope, key, attempt, delivery, self.outbox, joined)
                         started = _acompat.monotonic()
                         try:
                             result = await handler(payload, tx)
@@ -309,6 +318,8 @@ class AsyncInbox:
             except HandlerFailed as failed:
                 if failed.transient:
                     await self._uncount(key, own)
+                    if not isinstance(failed.exc, Exception):
+                        raise failed.exc from None  # a cancellation stays one (not counted)
                     raise StoreUnavailable(
                         f"the store went away while the handler ran: {failed.exc}",
                         key=key,

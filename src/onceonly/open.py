@@ -2,7 +2,8 @@
 """``open_store(url)`` and ``open_async_store(url)``: stores from SQLAlchemy-style URLs.
 
 ``sqlite:///relative.db``, ``sqlite:////absolute/path.db``,
-``postgresql://user@host:5432/db`` (extra ``onceonly[postgres]``), ``memory://``,
+``postgresql://user@host:5432/db`` (extra ``onceonly[postgres]``),
+``mysql://user@host:3306/db`` or ``mariadb://…`` (extra ``onceonly[mysql]``), ``memory://``,
 ``redis://host:6379/0``, ``rediss://``, ``redis+cluster://``, ``redis+sentinel://``
 (extra ``onceonly[redis]``; leased mode only).
 """
@@ -27,13 +28,14 @@ _REDIS = (
     "redis+sentinel",
     "rediss+sentinel",
 )
+_MYSQL = ("mysql", "mariadb", "mysql+pymysql", "mysql+aiomysql", "mariadb+pymysql")
 
 
 def _scheme(url: str) -> str:
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
             f"not a store URL: {url!r} (expected e.g. sqlite:///onceonly.db, "
-            "postgresql://user@host/db, redis://host:6379/0, memory://)"
+            "postgresql://user@host/db, mysql://user@host/db, redis://host:6379/0, memory://)"
         )
     return urllib.parse.urlsplit(url).scheme.lower()
 
@@ -60,6 +62,19 @@ def _redis_module(name: str) -> Any:
         if "redis" in str(exc):
             raise ConfigurationError(
                 "Redis needs the redis extra: pip install 'onceonly[redis]'"
+            ) from exc
+        raise
+
+
+def _mysql_module(name: str) -> Any:
+    try:
+        import importlib
+
+        return importlib.import_module(f"onceonly.stores.{name}")
+    except ImportError as exc:
+        if "mysql" in str(exc).lower():
+            raise ConfigurationError(
+                "MariaDB/MySQL needs the mysql extra: pip install 'onceonly[mysql]'"
             ) from exc
         raise
 
@@ -130,6 +145,11 @@ def _open(url: str, options: dict[str, Any]) -> Store:
         _check_options(mod.RedisStore, options, url, skip=())
         rs: Store = mod.RedisStore(url, **options)
         return rs
+    if scheme in _MYSQL:
+        mod = _mysql_module("mysql")
+        _check_options(mod.MySQLStore, options, url, skip=())
+        my: Store = mod.MySQLStore(url, **options)
+        return my
     raise ConfigurationError(f"unknown store scheme {scheme!r} in {url!r}")
 
 
@@ -156,6 +176,11 @@ def open_async_store(url: str, **options: Any) -> AsyncStore:
         _check_options(mod.AsyncRedisStore, options, url, skip=())
         rs: AsyncStore = mod.AsyncRedisStore(url, **options)
         return rs
+    if scheme in _MYSQL:
+        mod = _mysql_module("mysql_async")
+        _check_options(mod.AsyncMySQLStore, options, url, skip=())
+        my: AsyncStore = mod.AsyncMySQLStore(url, **options)
+        return my
     from onceonly.stores.threaded import ThreadedAsyncStore
 
     return ThreadedAsyncStore(_open(url, options))

@@ -37,9 +37,10 @@ def outbox_sql(store: Any, table: str | None) -> OutboxSQL:
     ``table`` defaults to the store's ``outbox_table`` (the one ``migrate()`` creates).
     """
     dialect = getattr(store, "dialect", None)
-    if dialect not in ("sqlite", "postgresql"):
+    if dialect not in ("sqlite", "postgresql", "mysql"):
         raise ConfigurationError(
-            f"the outbox needs a SQL store (SQLite or PostgreSQL), not {type(store).__name__}"
+            "the outbox needs a SQL store (SQLite, PostgreSQL, MariaDB/MySQL), "
+            f"not {type(store).__name__}"
         )
     return OutboxSQL(dialect, table or getattr(store, "outbox_table", None) or DEFAULT_TABLE)
 
@@ -111,6 +112,22 @@ class Outbox:
 
     def migrate(self) -> None:
         """Create the outbox table (and on PostgreSQL its NOTIFY trigger); repeatable."""
+        if self.sql.dialect == "mysql":  # DDL commits on its own there: no transaction
+            with self.store.session() as session:
+                for statement in self.sql.migrate():
+                    _execute(session, statement)
+                _execute(
+                    session,
+                    "CREATE TABLE IF NOT EXISTS onceonly_schema"
+                    " (component VARCHAR(255) NOT NULL PRIMARY KEY, version INT NOT NULL)",
+                )
+                _execute(
+                    session,
+                    "INSERT INTO onceonly_schema (component, version) VALUES (?, ?)"
+                    " ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version))",
+                    (f"outbox:{self.sql.table}", SCHEMA_VERSION),
+                )
+            return
         with self.store.transaction() as session:
             if self.sql.dialect == "postgresql":  # one migrator at a time
                 session.execute(
@@ -165,6 +182,8 @@ class Outbox:
         )
         if lock and self.sql.dialect == "postgresql":
             params = (message.key, *params)
+        elif lock and self.sql.dialect == "mysql":
+            session.execute(self.sql.lock_key(), (message.key,))
         session.execute(self.sql.insert(lock_key=lock), params)
         return message.id
 

@@ -170,7 +170,7 @@ class AsyncRelay:
                 claims them again. Call again later (:meth:`run` does, with backoff).
         """
         with _store_errors():
-            if self.sql.dialect == "postgresql":
+            if self.sql.dialect in ("postgresql", "mysql"):
                 stats = await self._run_locked_batch()
             else:
                 stats = await self._run_leased_batch()
@@ -185,7 +185,12 @@ class AsyncRelay:
                 return RelayStats()
             results = await self._publish_all([row_message(r) for r in rows])
             done = [int(r[0]) for r, err in zip(rows, results, strict=True) if err is None]
-            if done:
+            if self.sql.dialect == "mysql":
+                # One primary-key lookup per row: InnoDB may run a multi-row delete as a
+                # scan, which waits for rows another relay holds (and deadlocks with it).
+                for seq in done:
+                    await session.execute(self.sql.delete(1), (seq,))
+            elif done:
                 await session.execute(self.sql.delete(len(done)), (done,))
             stats = await self._settle_failures(session, rows, results, token=None)
         self._forget(rows, results)  # committed: the deletes are durable

@@ -37,9 +37,11 @@ class Tx:
         attempt: int,
         delivery: Delivery | None = None,
         outbox: Outbox | None = None,
+        joined: Any = None,
     ) -> None:
         self._session = session
         self._outbox = outbox
+        self._joined = joined
         self.scope = scope
         self.key = key
         self.attempt = attempt
@@ -49,6 +51,13 @@ class Tx:
     def connection(self) -> Any:
         """The driver connection inside the transaction (do not commit it)."""
         return self._session.connection
+
+    @property
+    def session(self) -> Any:
+        """The SQLAlchemy ``Session`` (or ``Connection``) passed as ``connection=``, in
+        the claim's transaction: ORM writes through it commit or roll back with the claim
+        (flushed by your commit); ``None`` when none was passed."""
+        return self._joined
 
     def execute(self, sql: str, params: Params = None) -> Any:
         """Run ``sql`` with ``?`` placeholders in the claim's transaction; returns a cursor."""

@@ -36,9 +36,11 @@ class AsyncTx:
         attempt: int,
         delivery: Delivery | None = None,
         outbox: AsyncOutbox | None = None,
+        joined: Any = None,
     ) -> None:
         self._session = session
         self._outbox = outbox
+        self._joined = joined
         self.scope = scope
         self.key = key
         self.attempt = attempt
@@ -48,6 +50,13 @@ class AsyncTx:
     def connection(self) -> Any:
         """The driver connection inside the transaction (do not commit it)."""
         return self._session.connection
+
+    @property
+    def session(self) -> Any:
+        """The SQLAlchemy ``Session`` (or ``Connection``) passed as ``connection=``, in
+        the claim's transaction: ORM writes through it commit or roll back with the claim
+        (flushed by your commit); ``None`` when none was passed."""
+        return self._joined
 
     async def execute(self, sql: str, params: Params = None) -> Any:
         """Run ``sql`` with ``?`` placeholders in the claim's transaction; returns a cursor."""

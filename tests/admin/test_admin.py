@@ -238,6 +238,8 @@ def test_stats_creates_nothing(sql_store: Any) -> None:
     name = f"{sql_store.table}_counts"
     if sql_store.dialect == "sqlite":
         query = "SELECT count(*) FROM sqlite_master WHERE name = ?"
+    elif sql_store.dialect == "mysql":
+        query = "SELECT count(*) FROM information_schema.tables WHERE table_name = ?"
     else:
         query = "SELECT count(*) FROM pg_class WHERE relname = ?"
     with sql_store.session() as s:

@@ -65,6 +65,26 @@ def test_demo_on_postgres() -> None:
     assert_onceonly_exact(proc.stdout)
 
 
+def test_demo_on_mariadb() -> None:
+    """The same run on MariaDB/MySQL with ``--url mysql://…``."""
+    from tests.conftest import require_mysql
+
+    url = require_mysql()
+    proc = run_cli(
+        "--messages", "200", "--workers", "3", "--crashes", "20", "--no-progress", "--url", url
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "MariaDB/MySQL" in proc.stdout
+    assert_onceonly_exact(proc.stdout)
+
+
+def test_unreachable_mariadb_is_a_clear_error() -> None:
+    proc = run_cli("--url", "mysql://nobody@127.0.0.1:1/none", "--no-progress", timeout=30)
+    assert proc.returncode == 2
+    assert "onceonly demo: error: cannot connect to MariaDB/MySQL" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_count_charges_finds_doubles_and_losses() -> None:
     """A double, a triple and a lost charge are counted as 3 double and 1 lost."""
     charges = [
@@ -111,7 +131,8 @@ def test_count_charges_exact_and_unknown() -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("mysql://root@localhost/db", "unsupported database URL scheme 'mysql'"),
+        ("mssql://sa@localhost/db", "unsupported database URL scheme 'mssql'"),
+        ("mysql://root@localhost", "the MariaDB/MySQL URL names no database"),
         ("onceonly.db", "unsupported database URL scheme '(none)'"),
         ("sqlite://host/x.db", "SQLite URLs have no host"),
         ("sqlite://", "SQLite file"),

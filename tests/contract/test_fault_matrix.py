@@ -20,7 +20,15 @@ import pytest
 import onceonly
 from onceonly._core.state import Policy, State
 from onceonly.leased import LeasedRunner
-from tests.conftest import PG_URL, StoreFactory, business_table
+from tests.conftest import PG_URL, StoreFactory, _mysql_connect, business_table
+
+
+@pytest.fixture(params=["postgres", "mysql"])
+def severable_factory(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[StoreFactory]:
+    """Stores of a server whose connections can be terminated from outside."""
+    factory = StoreFactory(request.param, tmp_path)
+    yield factory
+    factory.close()
 
 
 class Severing:
@@ -37,9 +45,16 @@ class Severing:
         return getattr(self._store, name)
 
     def _cut(self, session: Any) -> None:
-        pid = session.connection.info.backend_pid
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        conn = session.connection
+        if isinstance(conn, psycopg.Connection):
+            with psycopg.connect(PG_URL, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        else:  # MariaDB/MySQL
+            admin = _mysql_connect()
+            try:
+                admin.cursor().execute("KILL CONNECTION %s", (conn.thread_id(),))
+            finally:
+                admin.close()
         time.sleep(0.05)
         self.fired = True
 
@@ -85,10 +100,10 @@ LEASED_OPS = [("claim", 1), ("update", 1), ("save_checkpoint", 1)]
 
 @pytest.mark.parametrize(("op", "nth"), LEASED_OPS)
 def test_leased_flow_survives_a_dropped_connection_at(
-    pg_store_factory: StoreFactory, op: str, nth: int
+    severable_factory: StoreFactory, op: str, nth: int
 ) -> None:
     """Leased mode: a cut at any operation ends typed, and a redelivery completes once."""
-    store = pg_store_factory()
+    store = severable_factory()
     store.migrate()
     effects: list[int] = []
 
@@ -119,11 +134,11 @@ ATOMIC_OPS = [("claim", 1), ("execute", 1), ("update", 1)]
 
 @pytest.mark.parametrize(("op", "nth"), ATOMIC_OPS)
 def test_atomic_flow_survives_a_dropped_connection_at(
-    pg_store_factory: StoreFactory, op: str, nth: int
+    severable_factory: StoreFactory, op: str, nth: int
 ) -> None:
     """Atomic mode: a cut at any operation rolls everything back, is not counted, and a
     redelivery writes the business row exactly once."""
-    store = pg_store_factory()
+    store = severable_factory()
     store.migrate()
     count = business_table(store)
     table = f"{store.table}_ledger"

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from onceonly._core.urls import redact_url
@@ -47,7 +47,10 @@ def test_non_strings_are_shown_by_type() -> None:
 )
 def test_the_password_never_survives(scheme: str, user: str, secret: str, host: str) -> None:
     """Whatever the password's characters, the shown URL does not contain it."""
+    # a password that is part of the rest of the URL (the host "127.0.0.1" holds "127.0.")
+    # is "in" the shown URL without having leaked: not a case to judge by substrings
     quoted = __import__("urllib.parse").parse.quote(secret, safe="")
+    assume(not any(secret in part or quoted in part for part in (scheme, user, host, "/x")))
     for url in (
         f"{scheme}://{user}:{quoted}@{host}/x",
         f"{scheme}://{user}@{host}/x?password={quoted}",

@@ -27,7 +27,15 @@ from onceonly._core.state import Record
 from onceonly.stores.memory import MemoryStore
 from onceonly.stores.sqlite import SQLiteStore
 from onceonly.testing import ManualClock
-from tests.conftest import PG_URL, REDIS_URL, drop_pg_table, drop_redis_prefix
+from tests.conftest import (
+    MYSQL_URL,
+    PG_URL,
+    REDIS_URL,
+    _mysql_connect,
+    drop_mysql_table,
+    drop_pg_table,
+    drop_redis_prefix,
+)
 
 SCOPE = "billing"
 KEYS = ("k1", "ключ:2")
@@ -273,11 +281,37 @@ def redis_harness(tmp_path: Path) -> Harness:
     return Harness(store, 0.0, time_travel, close, False, lambda: drop_redis_prefix(prefix))
 
 
+def mysql_harness(tmp_path: Path) -> Harness:
+    """MariaDB/MySQL's clock is the server's: move the stored times back instead."""
+    table = f"m_{uuid.uuid4().hex[:12]}"
+    store = onceonly.open_store(MYSQL_URL, table=table, outbox_table=None)
+    store.migrate()
+    conn = _mysql_connect()
+    shifts = ", ".join(
+        f"{col} = {col} - %(s)s"
+        for col in ("lease_until", "expires_at", "created_at", "updated_at", "completed_at")
+    )
+
+    def time_travel(seconds: float) -> None:
+        conn.cursor().execute(f"UPDATE `{table}` SET {shifts}", {"s": seconds})
+
+    def close() -> None:
+        conn.close()
+        store.close()
+        drop_mysql_table(table)
+
+    def empty() -> None:
+        conn.cursor().execute(f"DELETE FROM `{table}`")
+
+    return Harness(store, 0.0, time_travel, close, False, empty)
+
+
 HARNESSES: dict[str, Callable[[Path], Harness]] = {
     "memory": memory_harness,
     "sqlite": sqlite_harness,
     "postgres": postgres_harness,
     "pgpart": functools.partial(postgres_harness, partitioned=True),
+    "mysql": mysql_harness,
 }
 # The stores of leased mode: every store above, and Redis (which has no atomic mode).
 LEASED_HARNESSES: dict[str, Callable[[Path], Harness]] = {**HARNESSES, "redis": redis_harness}

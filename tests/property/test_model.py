@@ -42,7 +42,7 @@ from onceonly._core.state import Policy, Record
 from onceonly.leased import Claim, LeasedRunner, Replay
 from onceonly.stores.memory import MemoryStore
 from onceonly.testing import ManualClock
-from tests.conftest import require_postgres
+from tests.conftest import require_mysql, require_postgres
 from tests.property.reference import (
     ADVANCES,
     COMPLETED,
@@ -70,7 +70,7 @@ class Boom(Exception):
     """The handler failed."""
 
 
-EXAMPLES = {"memory": 200, "sqlite": 100, "postgres": 40, "pgpart": 40}
+EXAMPLES = {"memory": 200, "sqlite": 100, "postgres": 40, "pgpart": 40, "mysql": 40}
 
 
 # -- the state machine
@@ -366,6 +366,8 @@ def harness_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[
     kind = request.param
     if kind in ("postgres", "pgpart"):
         require_postgres()  # unreachable server: skip locally, FAIL in CI
+    if kind == "mysql":
+        require_mysql()
     return lambda: HARNESSES[kind](tmp_path)
 
 

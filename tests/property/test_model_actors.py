@@ -83,7 +83,7 @@ from onceonly._core.state import (
     fail_write,
 )
 from onceonly.outcome import new_token
-from tests.conftest import require_postgres, require_redis
+from tests.conftest import require_mysql, require_postgres, require_redis
 from tests.property.reference import (
     ADVANCES,
     COMPLETED,
@@ -111,10 +111,24 @@ SOAK_STEPS = int(os.environ.get("ONCEONLY_SOAK_STEPS", "10000"))
 # or SOAK_ROUNDS rounds.
 SOAK_ROUNDS = 10
 if SOAK:
-    EXAMPLES = {"memory": 1500, "sqlite": 1000, "postgres": 400, "pgpart": 400, "redis": 1000}
+    EXAMPLES = {
+        "memory": 1500,
+        "sqlite": 1000,
+        "postgres": 400,
+        "pgpart": 400,
+        "redis": 1000,
+        "mysql": 400,
+    }
     STEPS_PER_EXAMPLE = 60
 else:
-    EXAMPLES = {"memory": 300, "sqlite": 300, "postgres": 250, "pgpart": 150, "redis": 300}
+    EXAMPLES = {
+        "memory": 300,
+        "sqlite": 300,
+        "postgres": 250,
+        "pgpart": 150,
+        "redis": 300,
+        "mysql": 150,
+    }
     STEPS_PER_EXAMPLE = 40
 POLICY = Policy(LEASE, MAX_ATTEMPTS)
 # Without the "explain" phase: it traces every line (slow before Python 3.12) only to
@@ -586,6 +600,8 @@ def kind(request: pytest.FixtureRequest) -> str:
         require_postgres()  # unreachable server: skip locally, FAIL in CI
     if name == "redis":
         require_redis()
+    if name == "mysql":
+        require_mysql()
     return name
 
 

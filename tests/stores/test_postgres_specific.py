@@ -526,10 +526,14 @@ async def test_joined_transaction_async(astore: AsyncPostgresStore) -> None:
 
 
 def test_joining_needs_an_open_transaction(store: PostgresStore) -> None:
-    """A caller's connection outside a transaction, or of the other flavour, is refused."""
+    """A caller's connection in autocommit outside a transaction, or of the other flavour,
+    is refused."""
+    with (
+        psycopg.connect(PG_URL, autocommit=True) as auto,
+        pytest.raises(ConfigurationError, match="not inside a transaction"),
+    ):
+        store.transaction(auto)
     with psycopg.connect(PG_URL) as idle:
-        with pytest.raises(ConfigurationError, match="not inside a transaction"):
-            store.transaction(idle)
         idle.execute("SELECT 1")
         astore = AsyncPostgresStore(PG_URL, table=store.table, outbox_table=None)
         with pytest.raises(ConfigurationError, match="AsyncConnection"):
@@ -707,3 +711,16 @@ def test_joining_the_stores_own_transaction(store: PostgresStore) -> None:
     with store.transaction() as outer, store.transaction(outer.connection) as inner:
         inner.claim(SCOPE, "k", claim_write(1))
     assert committed(store.table, "k") == [("in_progress", 1)]
+
+
+def test_a_lazily_begun_connection_is_joined(store: PostgresStore) -> None:
+    """Autocommit off and nothing sent yet (Django's atomic()): joined without a dummy
+    query; psycopg begins the transaction with the savepoint, the caller ends it."""
+    with psycopg.connect(PG_URL) as lazy:
+        assert lazy.info.transaction_status == TransactionStatus.IDLE
+        with store.transaction(lazy) as s:
+            s.claim(SCOPE, "k", claim_write(1))
+        assert lazy.info.transaction_status == TransactionStatus.INTRANS
+        assert committed(store.table, "k") == []
+        lazy.commit()
+    assert len(committed(store.table, "k")) == 1

@@ -4,7 +4,7 @@
 The demo's business tables (``charges`` and the naive consumer's ``processed``) live in
 the same database as onceonly's records, so the onceonly handler can write its charge in
 the claim's transaction. They are created, read and dropped here with the plain driver
-(``sqlite3`` or psycopg) — never through onceonly — so the counts in the report do not
+(``sqlite3``, psycopg or PyMySQL) — never through onceonly — so the counts in the report do not
 depend on the library being demonstrated.
 
 Invariant: table names are generated here from a fixed prefix and a hexadecimal run id
@@ -47,13 +47,13 @@ class Target:
 
     Attributes:
         url: the store URL handed to :func:`onceonly.open_store`.
-        dialect: ``"sqlite"`` or ``"postgresql"``.
+        dialect: ``"sqlite"``, ``"postgresql"`` or ``"mysql"``.
         path: the SQLite file (``None`` for PostgreSQL).
         temporary: true when the demo made the database and deletes it afterwards.
     """
 
     url: str
-    dialect: Literal["sqlite", "postgresql"]
+    dialect: Literal["sqlite", "postgresql", "mysql"]
     path: str | None = None
     temporary: bool = False
 
@@ -64,7 +64,8 @@ class Target:
         parts = urllib.parse.urlsplit(self.url)
         host = parts.hostname or "localhost"
         port = f":{parts.port}" if parts.port else ""
-        return f"PostgreSQL {host}{port}{parts.path}"
+        name = "MariaDB/MySQL" if self.dialect == "mysql" else "PostgreSQL"
+        return f"{name} {host}{port}{parts.path}"
 
 
 def parse_url(url: str) -> Target:
@@ -99,10 +100,17 @@ def parse_url(url: str) -> Target:
         if not (parts.netloc or parts.path.strip("/")):
             raise DemoError(f"the PostgreSQL URL names no server or database: {url!r}")
         return Target(url=url, dialect="postgresql")
+    if scheme in ("mysql", "mariadb", "mysql+pymysql", "mariadb+pymysql"):
+        if not parts.path.strip("/"):
+            raise DemoError(
+                f"the MariaDB/MySQL URL names no database: {url!r}: use "
+                "mysql://user@host:3306/db (or sqlite:///path.db)"
+            )
+        return Target(url=url, dialect="mysql")
     shown = scheme or "(none)"
     raise DemoError(
         f"unsupported database URL scheme {shown!r} in {url!r}: use sqlite:///path.db "
-        "or postgresql://user@host:5432/db"
+        "postgresql://user@host:5432/db or mysql://user@host:3306/db"
     )
 
 
@@ -197,11 +205,40 @@ class _PostgresConnection:
         self._conn.close()
 
 
+class _MySQLConnection:
+    def __init__(self, url: str) -> None:
+        try:
+            import pymysql
+
+            from onceonly.stores._mysql_sql import parse_url as mysql_args
+        except ImportError as exc:
+            raise DemoError(
+                "MariaDB/MySQL needs the mysql extra: pip install 'onceonly[mysql]'"
+            ) from exc
+        try:
+            self._conn = pymysql.connect(**mysql_args(url), autocommit=True, connect_timeout=10)
+        except Exception as exc:  # PyMySQL's errors, or a bad URL (ConfigurationError)
+            raise DemoError(f"cannot connect to MariaDB/MySQL: {exc}".strip()) from exc
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._conn.cursor().execute(sql.replace("?", "%s"), tuple(params))
+
+    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        cur = self._conn.cursor()
+        cur.execute(sql.replace("?", "%s"), tuple(params))
+        return list(cur.fetchall())
+
+    def close(self) -> None:
+        self._conn.close()
+
+
 def connect(target: Target) -> Connection:
     """An autocommit connection to ``target``."""
     if target.dialect == "sqlite":
         assert target.path is not None
         return _SQLiteConnection(target.path)
+    if target.dialect == "mysql":
+        return _MySQLConnection(target.url)
     return _PostgresConnection(target.url)
 
 
@@ -220,7 +257,9 @@ def create_tables(target: Target, tables: Tables) -> None:
                 "amount INTEGER NOT NULL)"
             )
         conn.execute(f"DROP TABLE IF EXISTS {tables.naive_processed}")
-        conn.execute(f"CREATE TABLE {tables.naive_processed} (message_id TEXT PRIMARY KEY)")
+        # MariaDB/MySQL cannot index a TEXT column without a length
+        key_type = "VARCHAR(255)" if target.dialect == "mysql" else "TEXT"
+        conn.execute(f"CREATE TABLE {tables.naive_processed} (message_id {key_type} PRIMARY KEY)")
     finally:
         conn.close()
 

@@ -156,7 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_url,
         default=None,
         metavar="URL",
-        help="database: sqlite:///file.db or postgresql://user@host:5432/db "
+        help="database: sqlite:///file.db, postgresql://user@host:5432/db or mysql://… "
         "(default: a temporary SQLite file)",
     )
     parser.add_argument(

@@ -69,6 +69,7 @@ from onceonly.stores._postgres_sql import (
     _Statements,
 )
 from onceonly.stores.postgres_partitions import PostgresPartitions
+from onceonly.stores.postgres_psycopg2 import is_psycopg2, joined
 from onceonly.stores.postgres_session import (
     _AUTOCOMMIT,
     _IDLE,
@@ -457,7 +458,9 @@ class PostgresStore:
 
         Args:
             connection: a psycopg connection of the caller, already inside a transaction;
-                the session then works in a savepoint of it and never commits it.
+                the session then works in a savepoint of it and never commits it. The
+                sync store also joins a psycopg2 connection with autocommit off
+                (:mod:`onceonly.stores.postgres_psycopg2`).
             lock_wait: seconds a statement waits for another transaction holding the same
                 key (its concurrent claim) before :class:`~onceonly.InFlight`.
 
@@ -465,14 +468,16 @@ class PostgresStore:
             A context manager yielding an :class:`PostgresSession`.
 
         Raises:
-            ConfigurationError: ``connection`` is not a psycopg connection of this flavour
-                or is not inside a transaction.
+            ConfigurationError: ``connection`` is not a psycopg connection of this flavour,
+                or is in autocommit outside a transaction.
             InFlight: another transaction held the key longer than ``lock_wait``.
             StoreUnavailable: the connection was lost, a deadlock, a pool timeout, …
             StoreError: any other database error.
         """
         timeout = _lock_timeout(lock_wait)
         begins = False
+        if connection is not None and is_psycopg2(connection):
+            return joined(self, connection, timeout)  # type: ignore[return-value]
         if connection is not None:
             if not isinstance(connection, psycopg.Connection):
                 raise ConfigurationError(
@@ -482,10 +487,15 @@ class PostgresStore:
             # A connection of one of our own transactions whose BEGIN still waits for its
             # first statement counts as inside it; the joining session may send BEGIN.
             begins = self._beginning.get(id(connection)) is connection
-            if status != _INTRANS and not begins:
+            # Autocommit off and nothing sent yet (Django's atomic(), a SQLAlchemy
+            # session's lazy begin): the transaction is the caller's already; psycopg
+            # sends its BEGIN with our savepoint, as it would with their next statement.
+            lazy = status == _IDLE and not connection.autocommit
+            if status != _INTRANS and not begins and not lazy:
                 raise ConfigurationError(
                     "the connection is not inside a transaction (its status is "
-                    f"{TransactionStatus(status).name}); begin one: the claim joins it"
+                    f"{TransactionStatus(status).name}, autocommit on); begin one (or turn "
+                    "autocommit off): the claim joins it"
                 )
         return _Transaction(self, connection, timeout, begins)
 
