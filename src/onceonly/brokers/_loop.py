@@ -17,7 +17,8 @@ flight). :class:`ConsumerLoop` owns everything else, the same for every broker:
   dead-lettered without running (this counts the crashes of atomic mode);
 * lease extension: every ``transport.extend_every`` seconds, the deliveries in flight
   are extended in one call;
-* the lifecycle: ``run()`` (one at a time; a stopped consumer may run again),
+* the lifecycle: ``run()`` (one at a time; a stopped consumer may run again;
+  ``stop()`` before the first run started makes that run return at once),
   ``stop()`` (stop receiving, let running handlers finish and settle up to
   ``shutdown_timeout``, cancel the rest, close), ``async with`` (start, and raise the
   start-up error at once; on exit stop, and raise what ended the run unless the block
@@ -155,6 +156,7 @@ class ConsumerLoop:
         self._started = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._random = random.Random()
+        self._ran = self._stopped_early = False
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -169,6 +171,9 @@ class ConsumerLoop:
         """
         if self._done is not None:
             raise RuntimeError("this consumer is already running")
+        if self._stopped_early:
+            return  # stop() came before this first run() started
+        self._ran = True
         self._done, self._stop = asyncio.Event(), asyncio.Event()
         self._free = self._concurrency
         graceful = False
@@ -192,10 +197,12 @@ class ConsumerLoop:
 
     async def stop(self) -> None:
         """Stop receiving, let running handlers finish and settle (up to
-        ``shutdown_timeout``), then close. Returns once :meth:`run` has ended; does
-        nothing when the consumer is not running."""
+        ``shutdown_timeout``), then close. Returns once :meth:`run` has ended. Before
+        the first run has started (``create_task(c.run())`` then ``c.stop()``), that
+        run returns at once; after a run ended it does nothing."""
         done, stop = self._done, self._stop
         if done is None or stop is None:
+            self._stopped_early = not self._ran
             return
         stop.set()
         async with self._slots:
@@ -289,8 +296,6 @@ class ConsumerLoop:
     async def _extend_loop(self, every: float) -> None:
         while True:
             await asyncio.sleep(every)
-            if not self._in_flight:
-                continue
             try:
                 await self.transport.extend(list(self._in_flight.values()))
             except Exception as exc:

@@ -1,0 +1,258 @@
+# SPDX-License-Identifier: MIT
+"""One small driver per broker for the contract suite (test_contract.py): send a
+message, make a consumer, read the dead letters, tell whether everything was settled.
+
+Every kit uses a queue / stream / prefix of its own and deletes it at the end. The real
+brokers run on this machine; a missing one fails in CI (tests/conftest.py unavailable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import uuid
+from typing import Any
+
+import onceonly
+from onceonly.brokers._loop import ConsumerLoop
+from onceonly.testing import MemoryBroker, MemoryConsumer
+from tests.conftest import unavailable
+
+AMQP_URL = os.environ.get("ONCEONLY_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
+NATS_URL = os.environ.get("ONCEONLY_TEST_NATS", "nats://127.0.0.1:4222")
+REDIS_URL = os.environ.get("ONCEONLY_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+#: Fast settings every kit's consumer gets unless a test overrides them.
+FAST: dict[str, Any] = {"retry_delay": 0.05, "max_backoff": 0.2, "shutdown_timeout": 5.0}
+
+
+def _text_headers(headers: Any) -> dict[str, str]:
+    return {
+        str(k): v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+        for k, v in dict(headers or {}).items()
+    }
+
+
+class Kit:
+    """What the contract needs from a broker."""
+
+    name = ""
+
+    async def start(self) -> None: ...
+
+    async def cleanup(self) -> None: ...
+
+    async def send(
+        self, payload: Any = None, *, message_id: str | None = None, body: bytes | None = None
+    ) -> None:
+        raise NotImplementedError
+
+    def consumer(self, inbox: onceonly.AsyncInbox, handler: Any, **kw: Any) -> ConsumerLoop:
+        raise NotImplementedError
+
+    async def dead(self) -> list[tuple[bytes, dict[str, str]]]:
+        """The dead letters so far: (body, headers)."""
+        raise NotImplementedError
+
+    async def settled(self) -> bool:
+        """Nothing left unacknowledged (checked after the consumer stopped)."""
+        raise NotImplementedError
+
+
+def _body(payload: Any, body: bytes | None) -> bytes:
+    return body if body is not None else json.dumps(payload).encode()
+
+
+class MemoryKit(Kit):
+    name = "memory"
+
+    async def start(self) -> None:
+        self.broker = MemoryBroker()
+
+    async def send(
+        self, payload: Any = None, *, message_id: str | None = None, body: bytes | None = None
+    ) -> None:
+        self.broker.send("in", body=_body(payload, body), message_id=message_id)
+
+    def consumer(self, inbox: onceonly.AsyncInbox, handler: Any, **kw: Any) -> ConsumerLoop:
+        return MemoryConsumer(inbox, handler, broker=self.broker, queue="in", **{**FAST, **kw})
+
+    async def dead(self) -> list[tuple[bytes, dict[str, str]]]:
+        return [(d.body, _text_headers(d.headers)) for d in self.broker.dead_letters.get("in.dead", [])]
+
+    async def settled(self) -> bool:
+        return self.broker.depth("in") == 0
+
+
+class RabbitKit(Kit):
+    name = "rabbitmq"
+
+    async def start(self) -> None:
+        import aio_pika
+
+        try:
+            self.conn = await asyncio.wait_for(aio_pika.connect(AMQP_URL), 5)
+        except Exception:
+            unavailable(f"RabbitMQ at {AMQP_URL}")
+        # without confirms: aiormq gives an id-less message a random message_id otherwise
+        self.channel = await self.conn.channel(publisher_confirms=False)
+        self.queue = f"onceonly-contract-{uuid.uuid4().hex[:12]}"
+        self._dead: list[tuple[bytes, dict[str, str]]] = []
+
+    async def cleanup(self) -> None:
+        for name in (self.queue, f"{self.queue}.dead"):
+            with contextlib.suppress(Exception):
+                await self.channel.queue_delete(name)
+        await self.conn.close()
+
+    async def send(
+        self, payload: Any = None, *, message_id: str | None = None, body: bytes | None = None
+    ) -> None:
+        import aio_pika
+
+        await self.channel.declare_queue(
+            self.queue,
+            durable=True,
+            arguments={
+                "x-queue-type": "quorum",
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": f"{self.queue}.dead",
+            },
+        )
+        message = aio_pika.Message(_body(payload, body), message_id=message_id)
+        await self.channel.default_exchange.publish(message, routing_key=self.queue)
+
+    def consumer(self, inbox: onceonly.AsyncInbox, handler: Any, **kw: Any) -> ConsumerLoop:
+        from onceonly.brokers.rabbitmq import RabbitMQConsumer
+
+        return RabbitMQConsumer(inbox, handler, url=AMQP_URL, queue=self.queue, **{**FAST, **kw})
+
+    async def dead(self) -> list[tuple[bytes, dict[str, str]]]:
+        with contextlib.suppress(Exception):
+            q = await self.channel.get_queue(f"{self.queue}.dead", ensure=True)
+            while (m := await q.get(no_ack=True, fail=False)) is not None:
+                self._dead.append((m.body, _text_headers(m.headers)))
+        return list(self._dead)
+
+    async def settled(self) -> bool:
+        q = await self.channel.declare_queue(self.queue, passive=True)
+        return q.declaration_result.message_count == 0
+
+
+class NatsKit(Kit):
+    name = "nats"
+
+    async def start(self) -> None:
+        import nats
+
+        try:
+            self.nc = await asyncio.wait_for(nats.connect(NATS_URL), 5)
+        except Exception:
+            unavailable(f"NATS at {NATS_URL}")
+        self.js = self.nc.jetstream()
+        tag = uuid.uuid4().hex[:12]
+        self.stream = f"CONTRACT_{tag}"
+        self.subject = f"contract.{tag}.in"
+        await self.js.add_stream(name=self.stream, subjects=[self.subject])
+
+    async def cleanup(self) -> None:
+        for name in (self.stream, f"{self.stream}_dead"):
+            with contextlib.suppress(Exception):
+                await self.js.delete_stream(name)
+        await self.nc.close()
+
+    async def send(
+        self, payload: Any = None, *, message_id: str | None = None, body: bytes | None = None
+    ) -> None:
+        headers = {"Nats-Msg-Id": message_id} if message_id else None
+        await self.js.publish(self.subject, _body(payload, body), headers=headers)
+
+    def consumer(self, inbox: onceonly.AsyncInbox, handler: Any, **kw: Any) -> ConsumerLoop:
+        from onceonly.brokers.nats import NatsConsumer
+
+        kw.setdefault("poll_timeout", 0.25)
+        return NatsConsumer(
+            inbox,
+            handler,
+            url=NATS_URL,
+            stream=self.stream,
+            subject=self.subject,
+            durable="contract",
+            **{**FAST, **kw},
+        )
+
+    async def dead(self) -> list[tuple[bytes, dict[str, str]]]:
+        out: list[tuple[bytes, dict[str, str]]] = []
+        try:
+            info = await self.js.stream_info(f"{self.stream}_dead")
+        except Exception:
+            return out
+        if not info.state.messages:
+            return out
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            msg = await self.js.get_msg(f"{self.stream}_dead", seq)
+            out.append((msg.data or b"", _text_headers(msg.headers)))
+        return out
+
+    async def settled(self) -> bool:
+        info = await self.js.consumer_info(self.stream, "contract")
+        return info.num_pending == 0 and info.num_ack_pending == 0
+
+
+class RedisKit(Kit):
+    name = "redis"
+
+    async def start(self) -> None:
+        import redis.asyncio
+
+        self.r = redis.asyncio.Redis.from_url(REDIS_URL)
+        try:
+            await asyncio.wait_for(self.r.ping(), 3)
+        except Exception:
+            await self.r.aclose()
+            unavailable(f"Redis at {REDIS_URL}")
+        self.prefix = f"onceonly-contract:{uuid.uuid4().hex[:12]}:"
+        self.stream = f"{self.prefix}in"
+
+    async def cleanup(self) -> None:
+        keys = [k async for k in self.r.scan_iter(match=f"{self.prefix}*")]
+        if keys:
+            await self.r.delete(*keys)
+        await self.r.aclose()
+
+    async def send(
+        self, payload: Any = None, *, message_id: str | None = None, body: bytes | None = None
+    ) -> None:
+        fields: dict[Any, Any] = {"payload": _body(payload, body), "headers": "{}"}
+        if message_id:
+            fields["id"] = message_id
+        await self.r.xadd(self.stream, fields)
+
+    def consumer(self, inbox: onceonly.AsyncInbox, handler: Any, **kw: Any) -> ConsumerLoop:
+        from onceonly.brokers.redis_streams import RedisStreamsConsumer
+
+        kw.setdefault("block_ms", 50)
+        return RedisStreamsConsumer(
+            inbox,
+            handler,
+            url=REDIS_URL,
+            stream=self.stream,
+            group="g",
+            consumer_name="c1",
+            **{**FAST, **kw},
+        )
+
+    async def dead(self) -> list[tuple[bytes, dict[str, str]]]:
+        entries = await self.r.xrange(f"{self.stream}.dead")
+        return [(f[b"payload"], json.loads(f[b"headers"])) for _, f in entries]
+
+    async def settled(self) -> bool:
+        groups = await self.r.xinfo_groups(self.stream)
+        return all(g["pending"] == 0 for g in groups) and bool(groups)
+
+
+KITS: dict[str, type[Kit]] = {
+    k.name: k for k in (MemoryKit, RabbitKit, NatsKit, RedisKit)
+}
