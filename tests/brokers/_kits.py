@@ -13,7 +13,11 @@ import contextlib
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from typing import Any
+
+import aiormq
+import pamqp.header
 
 import onceonly
 from onceonly.brokers._loop import ConsumerLoop
@@ -26,6 +30,26 @@ REDIS_URL = os.environ.get("ONCEONLY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
 #: Fast settings every kit's consumer gets unless a test overrides them.
 FAST: dict[str, Any] = {"retry_delay": 0.05, "max_backoff": 0.2, "shutdown_timeout": 5.0}
+
+
+@contextlib.contextmanager
+def without_message_id() -> Iterator[None]:
+    """aiormq gives every publish a message_id; other clients do not: strip it on the wire."""
+    frame_class = aiormq.channel.ChannelFrame
+    original = frame_class.__dict__["marshall"]
+
+    def marshall(cls: Any, channel_number: int, frames: Any, drain_future: Any = None) -> Any:
+        frames = list(frames)
+        for frame in frames:
+            if isinstance(frame, pamqp.header.ContentHeader):
+                frame.properties.message_id = None
+        return original.__func__(cls, channel_number, frames, drain_future)
+
+    frame_class.marshall = classmethod(marshall)
+    try:
+        yield
+    finally:
+        frame_class.marshall = original
 
 
 def _text_headers(headers: Any) -> dict[str, str]:
@@ -80,7 +104,9 @@ class MemoryKit(Kit):
         return MemoryConsumer(inbox, handler, broker=self.broker, queue="in", **{**FAST, **kw})
 
     async def dead(self) -> list[tuple[bytes, dict[str, str]]]:
-        return [(d.body, _text_headers(d.headers)) for d in self.broker.dead_letters.get("in.dead", [])]
+        return [
+            (d.body, _text_headers(d.headers)) for d in self.broker.dead_letters.get("in.dead", [])
+        ]
 
     async def settled(self) -> bool:
         return self.broker.depth("in") == 0
@@ -96,8 +122,7 @@ class RabbitKit(Kit):
             self.conn = await asyncio.wait_for(aio_pika.connect(AMQP_URL), 5)
         except Exception:
             unavailable(f"RabbitMQ at {AMQP_URL}")
-        # without confirms: aiormq gives an id-less message a random message_id otherwise
-        self.channel = await self.conn.channel(publisher_confirms=False)
+        self.channel = await self.conn.channel()
         self.queue = f"onceonly-contract-{uuid.uuid4().hex[:12]}"
         self._dead: list[tuple[bytes, dict[str, str]]] = []
 
@@ -122,7 +147,9 @@ class RabbitKit(Kit):
             },
         )
         message = aio_pika.Message(_body(payload, body), message_id=message_id)
-        await self.channel.default_exchange.publish(message, routing_key=self.queue)
+        strip = without_message_id() if message_id is None else contextlib.nullcontext()
+        with strip:  # aiormq gives every publish a message_id; other clients do not
+            await self.channel.default_exchange.publish(message, routing_key=self.queue)
 
     def consumer(self, inbox: onceonly.AsyncInbox, handler: Any, **kw: Any) -> ConsumerLoop:
         from onceonly.brokers.rabbitmq import RabbitMQConsumer
@@ -253,6 +280,4 @@ class RedisKit(Kit):
         return all(g["pending"] == 0 for g in groups) and bool(groups)
 
 
-KITS: dict[str, type[Kit]] = {
-    k.name: k for k in (MemoryKit, RabbitKit, NatsKit, RedisKit)
-}
+KITS: dict[str, type[Kit]] = {k.name: k for k in (MemoryKit, RabbitKit, NatsKit, RedisKit)}

@@ -34,20 +34,23 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from onceonly._core.deadletter import envelope
 from onceonly._core.settle import Action, Backoff
 from onceonly._core.window import Bound
 from onceonly.brokers._consumer import (
     Deliveries,
+    Handler,
     InFlightTracker,
+    MessageIds,
     Settlement,
     decode_body,
     pause,
     unexpected,
 )
 from onceonly.errors import BrokerUnavailable
+from onceonly.inbox_async import AsyncInbox
 from onceonly.messaging import Delivery
 
 __all__ = ["RECONNECT", "ConsumerLoop", "Incoming", "Transport"]
@@ -130,24 +133,51 @@ class Transport(Protocol):
         """Release what ``open`` took (after the running handlers ended)."""
 
 
+L = TypeVar("L", bound="ConsumerLoop")
+
+
 class ConsumerLoop:
-    """Runs deliveries from a :class:`Transport` through an inbox (see the module)."""
+    """Runs deliveries from a :class:`Transport` through an inbox (see the module).
+
+    A broker's consumer calls ``__init__`` with the settings every consumer shares,
+    then sets :attr:`transport`.
+    """
+
+    transport: Transport
 
     def __init__(
         self,
-        transport: Transport,
-        deliveries: Deliveries,
+        inbox: AsyncInbox,
+        handler: Handler,
         *,
+        message_id: MessageIds | str | Callable[[Any], str] | None,
+        max_deliveries: int | None,
+        retry_delay: float,
+        max_backoff: float,
+        dedup_window: str,
         concurrency: int,
         shutdown_timeout: float,
         logger: logging.Logger,
     ) -> None:
-        self.transport = transport
-        self.deliveries = deliveries
+        self.inbox = inbox
+        self.handler = handler
+        self.ids = message_id if isinstance(message_id, MessageIds) else MessageIds(message_id)
+        self.retry_delay = retry_delay
+        self.max_backoff = max_backoff
+        self.deliveries = Deliveries(
+            inbox,
+            handler,
+            self.ids,
+            max_deliveries=max_deliveries,
+            backoff=Backoff(retry_delay, max_backoff),
+            logger=logger,
+            dedup_window=dedup_window,
+        )
+        self.max_deliveries = self.deliveries.max_deliveries
+        self.concurrency = concurrency
         self.shutdown_timeout = shutdown_timeout
         self._loop_log = logger
         self._tracker = InFlightTracker(concurrency)
-        self._concurrency = concurrency
         self._free = concurrency
         self._slots = asyncio.Condition()
         self._in_flight: dict[int, Incoming] = {}
@@ -175,7 +205,7 @@ class ConsumerLoop:
             return  # stop() came before this first run() started
         self._ran = True
         self._done, self._stop = asyncio.Event(), asyncio.Event()
-        self._free = self._concurrency
+        self._free = self.concurrency
         graceful = False
         extender: asyncio.Task[None] | None = None
         try:
@@ -209,7 +239,7 @@ class ConsumerLoop:
             self._slots.notify_all()
         await done.wait()
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self: L) -> L:
         self._task = task = asyncio.ensure_future(self.run())
         started = asyncio.ensure_future(self._started.wait())
         await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)

@@ -19,9 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceonly._core.settle import Backoff
 from onceonly._core.window import Bound
-from onceonly.brokers._consumer import Deliveries, Handler, MessageIds
+from onceonly.brokers._consumer import Handler, MessageIds
 from onceonly.brokers._loop import ConsumerLoop, Incoming
 from onceonly.errors import ConfigurationError, PublishError
 from onceonly.inbox_async import AsyncInbox
@@ -246,23 +245,18 @@ class MemoryConsumer(ConsumerLoop):
     ) -> None:
         if not queue:
             raise ConfigurationError("queue must be non-empty")
-        self.queue = queue
-        self.dead_letter = dead_letter or f"{queue}.dead"
-        ids = message_id if isinstance(message_id, MessageIds) else MessageIds(message_id)
-        deliveries = Deliveries(
+        super().__init__(
             inbox,
             handler,
-            ids,
+            message_id=message_id,
             max_deliveries=max_deliveries,
-            backoff=Backoff(retry_delay, max_backoff),
-            logger=log,
+            retry_delay=retry_delay,
+            max_backoff=max_backoff,
             dedup_window=dedup_window,
-        )
-        self.max_deliveries = deliveries.max_deliveries
-        super().__init__(
-            MemoryTransport(broker, queue, self.dead_letter),
-            deliveries,
             concurrency=concurrency,
             shutdown_timeout=shutdown_timeout,
             logger=log,
         )
+        self.queue = queue
+        self.dead_letter = dead_letter or f"{queue}.dead"
+        self.transport = MemoryTransport(broker, queue, self.dead_letter)

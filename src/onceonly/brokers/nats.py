@@ -61,8 +61,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from onceonly._core.deadletter import HEADER_SOURCE
-from onceonly._core.settle import Backoff
-from onceonly.brokers._consumer import Deliveries, Handler, MessageIds
+from onceonly.brokers._consumer import Handler, MessageIds
 from onceonly.brokers._loop import ConsumerLoop
 from onceonly.brokers._nats_publisher import NatsPublisher
 from onceonly.brokers._nats_transport import NatsTransport
@@ -159,37 +158,33 @@ class NatsConsumer(ConsumerLoop):
                 f"the dead-letter subject {dead!r} matches the consumer's subject {subject!r}: "
                 "dead letters would come back; pass another dead_letter="
             )
-        self.inbox = inbox
-        self.handler = handler
+        super().__init__(
+            inbox,
+            handler,
+            message_id=message_id,
+            max_deliveries=max_deliveries,
+            retry_delay=retry_delay,
+            max_backoff=max_backoff,
+            dedup_window=dedup_window,
+            concurrency=concurrency or batch,
+            shutdown_timeout=shutdown_timeout,
+            logger=log,
+        )
         self.stream = stream
         self.subject = subject
         self.durable = durable
         self.url = url
         self.ack_wait = ack_wait
         self.batch = batch
-        self.concurrency = concurrency or batch
-        self.ids = message_id if isinstance(message_id, MessageIds) else MessageIds(message_id)
         self.dead_letter = dead
         self.create_dead_letter_stream = create_dead_letter_stream
-        self.retry_delay = retry_delay
-        self.max_backoff = max_backoff
-        self._deliveries = Deliveries(
-            inbox,
-            handler,
-            self.ids,
-            max_deliveries=max_deliveries,
-            backoff=Backoff(retry_delay, max_backoff),
-            logger=log,
-            dedup_window=dedup_window,
-        )
-        self.max_deliveries = self._deliveries.max_deliveries
         self.poll_timeout = poll_timeout
         self.publish_timeout = publish_timeout
         self.connect_options: dict[str, Any] = {
             "max_reconnect_attempts": -1,
             **(connect_options or {}),
         }
-        self._transport = NatsTransport(
+        self.transport = self._transport = NatsTransport(
             stream=stream,
             subject=subject,
             durable=durable,
@@ -204,13 +199,6 @@ class NatsConsumer(ConsumerLoop):
             max_deliveries=self.max_deliveries,
             log=log,
         )
-        super().__init__(
-            self._transport,
-            self._deliveries,
-            concurrency=self.concurrency,
-            shutdown_timeout=shutdown_timeout,
-            logger=log,
-        )
 
     @property
     def _sub(self) -> JetStreamContext.PullSubscription | None:
@@ -220,7 +208,3 @@ class NatsConsumer(ConsumerLoop):
     @property
     def _connection(self) -> Client | None:
         return self._transport.connection
-
-    async def __aenter__(self) -> NatsConsumer:
-        entered: NatsConsumer = await super().__aenter__()
-        return entered

@@ -57,11 +57,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "onceonly.brokers.rabbitmq needs the rabbitmq extra: pip install 'onceonly[rabbitmq]'"
     ) from exc
 
-from onceonly._core.settle import Backoff
 from onceonly.brokers._amqp_publisher import RabbitMQPublisher
 from onceonly.brokers._amqp_transport import RabbitMQTransport
 from onceonly.brokers._amqp_wire import translate as _translate  # noqa: F401 (tests)
-from onceonly.brokers._consumer import Deliveries, Handler, MessageIds
+from onceonly.brokers._consumer import Handler, MessageIds
 from onceonly.brokers._loop import ConsumerLoop
 from onceonly.errors import ConfigurationError
 from onceonly.inbox_async import AsyncInbox
@@ -140,32 +139,28 @@ class RabbitMQConsumer(ConsumerLoop):
             raise ConfigurationError("queue must be a non-empty queue name")
         if queue_type not in ("quorum", "classic"):
             raise ConfigurationError("queue_type must be 'quorum' or 'classic'")
-        self.inbox = inbox
-        self.handler = handler
+        super().__init__(
+            inbox,
+            handler,
+            message_id=message_id,
+            max_deliveries=max_deliveries,
+            retry_delay=retry_delay,
+            max_backoff=max_backoff,
+            dedup_window=dedup_window,
+            concurrency=concurrency,
+            shutdown_timeout=shutdown_timeout,
+            logger=log,
+        )
         self.queue = queue
         self.url = url
         self.declare = declare
         self.queue_type = queue_type
         self.queue_arguments = dict(queue_arguments or {})
-        self.ids = message_id if isinstance(message_id, MessageIds) else MessageIds(message_id)
         self.dead_letter = dead_letter or f"{queue}.dead"
         self.dead_letter_exchange = dead_letter_exchange
-        self.concurrency = concurrency
         self.prefetch = prefetch or concurrency
-        self.retry_delay = retry_delay
-        self.max_backoff = max_backoff
-        self._deliveries = Deliveries(
-            inbox,
-            handler,
-            self.ids,
-            max_deliveries=max_deliveries,
-            backoff=Backoff(retry_delay, max_backoff),
-            logger=log,
-            dedup_window=dedup_window,
-        )
-        self.max_deliveries = self._deliveries.max_deliveries
         self.publish_timeout = publish_timeout
-        self._transport = RabbitMQTransport(
+        self.transport = self._transport = RabbitMQTransport(
             queue=queue,
             url=url,
             connection=connection,
@@ -178,19 +173,8 @@ class RabbitMQConsumer(ConsumerLoop):
             publish_timeout=publish_timeout,
             log=log,
         )
-        super().__init__(
-            self._transport,
-            self._deliveries,
-            concurrency=concurrency,
-            shutdown_timeout=shutdown_timeout,
-            logger=log,
-        )
 
     @property
     def _connection(self) -> AbstractConnection | None:
         """The connection in use (the one given, or the one the consumer opened)."""
         return self._transport.connection
-
-    async def __aenter__(self) -> RabbitMQConsumer:
-        entered: RabbitMQConsumer = await super().__aenter__()
-        return entered

@@ -64,8 +64,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "onceonly.brokers.redis_streams needs the redis extra: pip install 'onceonly[redis]'"
     ) from exc
 
-from onceonly._core.settle import Backoff
-from onceonly.brokers._consumer import Deliveries, Handler, MessageIds
+from onceonly.brokers._consumer import Handler, MessageIds
 from onceonly.brokers._loop import ConsumerLoop
 from onceonly.brokers._redis_publisher import RedisStreamsPublisher
 from onceonly.brokers._redis_transport import RedisStreamsTransport
@@ -152,32 +151,28 @@ class RedisStreamsConsumer(ConsumerLoop):
             raise ConfigurationError("block_ms, count and concurrency must be at least 1")
         if claim_idle <= 0 or retry_delay < 0 or shutdown_timeout < 0:
             raise ConfigurationError("claim_idle must be positive; delays not negative")
-        self.inbox = inbox
-        self.handler = handler
+        super().__init__(
+            inbox,
+            handler,
+            message_id=message_id,
+            max_deliveries=max_deliveries,
+            retry_delay=retry_delay,
+            max_backoff=max(retry_delay, claim_idle) if max_backoff is None else max_backoff,
+            dedup_window=dedup_window,
+            concurrency=concurrency,
+            shutdown_timeout=shutdown_timeout,
+            logger=log,
+        )
         self.stream = stream
         self.group = group
         self.consumer_name = consumer_name or f"{socket.gethostname()}-{os.getpid()}"
         self.start_id = start_id
         self.block_ms = block_ms
         self.count = count
-        self.concurrency = concurrency
         self.claim_idle = claim_idle
-        self.retry_delay = retry_delay
-        self.max_backoff = max(retry_delay, claim_idle) if max_backoff is None else max_backoff
-        self.ids = message_id if isinstance(message_id, MessageIds) else MessageIds(message_id)
-        self._deliveries = Deliveries(
-            inbox,
-            handler,
-            self.ids,
-            max_deliveries=max_deliveries,
-            backoff=Backoff(retry_delay, self.max_backoff),
-            logger=log,
-            dedup_window=dedup_window,
-        )
-        self.max_deliveries = self._deliveries.max_deliveries
         self.dead_letter = dead_letter or f"{stream}.dead"
         self._client: redis.asyncio.Redis = client(url, connection, options)
-        self._transport = RedisStreamsTransport(
+        self.transport = self._transport = RedisStreamsTransport(
             self._client,
             owns_client=connection is None,
             stream=stream,
@@ -190,18 +185,7 @@ class RedisStreamsConsumer(ConsumerLoop):
             dead_letter=self.dead_letter,
             log=log,
         )
-        super().__init__(
-            self._transport,
-            self._deliveries,
-            concurrency=concurrency,
-            shutdown_timeout=shutdown_timeout,
-            logger=log,
-        )
 
     async def ensure_group(self) -> None:
         """Create the group (and the stream) unless it exists."""
         await self._transport.ensure_group()
-
-    async def __aenter__(self) -> RedisStreamsConsumer:
-        entered: RedisStreamsConsumer = await super().__aenter__()
-        return entered
