@@ -32,7 +32,6 @@ class RabbitMQTransport:
     """Consumes one queue (pushed by the broker up to ``prefetch`` unacked messages),
     dead-letters with confirmed publishes on a second channel."""
 
-    cancel_receive = True
     delays_retries = False  # a nack requeues at once: the loop waits first
     extend_every: float | None = None  # unacked messages stay with their channel
     drop = staticmethod(wire.drop)
@@ -70,8 +69,11 @@ class RabbitMQTransport:
         self._dl_exchange: AbstractExchange | None = None
         self._queue: AbstractQueue | None = None
         self._tag: ConsumerTag | None = None
-        self._inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        # pushed deliveries; None wakes receive() (stop, or the channel closed)
+        self._inbox: asyncio.Queue[AbstractIncomingMessage | None] = asyncio.Queue()
         self._accepting = False
+        self._watch: asyncio.Task[None] | None = None
+        self._channel_closed = False
 
     async def open(self) -> None:
         if self.connection is None or self.connection.is_closed:
@@ -103,7 +105,8 @@ class RabbitMQTransport:
             if self.dead_letter_exchange
             else self._dl_channel.default_exchange
         )
-        self._accepting = True
+        self._accepting, self._channel_closed = True, False
+        self._watch = asyncio.ensure_future(self._watch_channel(self._channel))
         self._tag = await self._queue.consume(self._on_message, no_ack=False)
         self.log.info("consuming %s (dead letters to %s)", self.queue, self.dead_letter_queue)
         if self.queue_type == "classic":
@@ -126,26 +129,25 @@ class RabbitMQTransport:
         if self._accepting:  # else left unacked: requeued when the channel closes
             self._inbox.put_nowait(message)
 
+    async def _watch_channel(self, channel: AbstractChannel) -> None:
+        await channel.closed()
+        self._channel_closed = True
+        self._inbox.put_nowait(None)
+
+    def wake(self) -> None:
+        self._inbox.put_nowait(None)
+
     async def receive(self, limit: int) -> Sequence[Incoming]:
-        if self._inbox.empty():
-            assert self._channel is not None
-            got = asyncio.ensure_future(self._inbox.get())
-            closed = asyncio.ensure_future(self._channel.closed())
-            try:
-                await asyncio.wait({got, closed}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                closed.cancel()
-                if not got.done():
-                    got.cancel()
-            if not got.done() or got.cancelled():
-                raise aiormq.exceptions.ChannelInvalidStateError(
-                    f"the channel consuming {self.queue!r} closed"
-                )
-            messages = [got.result()]
-        else:
-            messages = []
+        first = await self._inbox.get()
+        messages = [] if first is None else [first]
         while len(messages) < limit and not self._inbox.empty():
-            messages.append(self._inbox.get_nowait())
+            m = self._inbox.get_nowait()
+            if m is not None:
+                messages.append(m)
+        if self._channel_closed and self._accepting:
+            raise aiormq.exceptions.ChannelInvalidStateError(
+                f"the channel consuming {self.queue!r} closed"
+            )
         return [self._incoming(m) for m in messages]
 
     def _incoming(self, message: AbstractIncomingMessage) -> Incoming:
@@ -186,6 +188,9 @@ class RabbitMQTransport:
         self._tag = None
 
     async def close(self, graceful: bool) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         for channel in (self._channel, self._dl_channel):
             if channel is not None and not channel.is_closed:
                 with contextlib.suppress(Exception):

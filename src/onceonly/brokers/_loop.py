@@ -89,15 +89,12 @@ class Transport(Protocol):
 
     Attributes:
         where: names the consumed queue/stream in logs and in the dedup-window check.
-        cancel_receive: ``receive`` may be cancelled at stop (else the loop waits for
-            it to return, which it does within its poll timeout).
         delays_retries: ``retry(d, delay)`` defers the redelivery itself; else the loop
             waits ``delay`` (holding the slot) and calls ``retry(d, 0)``.
         extend_every: seconds between lease extensions (``None``: none needed).
     """
 
     where: str
-    cancel_receive: bool
     delays_retries: bool
     extend_every: float | None
 
@@ -108,9 +105,13 @@ class Transport(Protocol):
         """The broker's redelivery bounds for the dedup-window check (after ``open``)."""
 
     async def receive(self, limit: int) -> Sequence[Incoming]:
-        """Up to ``limit`` deliveries (maybe none, after a poll timeout). Raise
+        """Up to ``limit`` deliveries (maybe none: after a poll timeout, or at once after
+        :meth:`wake`). Never cancelled: a pull that is cut off may lose what it read. Raise
         :class:`~onceonly.BrokerUnavailable` for a failure worth retrying; anything
         else ends ``run()``."""
+
+    def wake(self) -> None:
+        """Make a ``receive`` waiting with no poll timeout return now (the loop stops)."""
 
     async def ack(self, d: Incoming) -> None:
         """Acknowledge: the broker forgets the message."""
@@ -235,6 +236,7 @@ class ConsumerLoop:
             self._stopped_early = not self._ran
             return
         stop.set()
+        self.transport.wake()
         async with self._slots:
             self._slots.notify_all()
         await done.wait()
@@ -279,20 +281,6 @@ class ConsumerLoop:
             await self._slots.wait_for(lambda: self._free > 0 or stop.is_set())
             return 0 if stop.is_set() else self._free
 
-    async def _receive(self, stop: asyncio.Event, limit: int) -> Sequence[Incoming]:
-        if not self.transport.cancel_receive:
-            return await self.transport.receive(limit)
-        got = asyncio.ensure_future(self.transport.receive(limit))
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({got, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-            if not got.done():
-                got.cancel()
-                await asyncio.gather(got, return_exceptions=True)
-        return got.result() if not got.cancelled() else ()
-
     async def _consume(self, stop: asyncio.Event) -> None:
         failures = 0
         while not stop.is_set():
@@ -300,7 +288,7 @@ class ConsumerLoop:
             if not free:
                 break
             try:
-                batch = await self._receive(stop, free)
+                batch = await self.transport.receive(free)
                 failures = 0
             except BrokerUnavailable as exc:
                 failures += 1

@@ -124,7 +124,6 @@ class MemoryBroker:
 class MemoryTransport:
     """The :class:`~onceonly.brokers._loop.Transport` of a :class:`MemoryBroker` queue."""
 
-    cancel_receive = True
     delays_retries = True
     extend_every: float | None = None
 
@@ -144,7 +143,7 @@ class MemoryTransport:
 
     async def receive(self, limit: int) -> Sequence[Incoming]:
         q = self.broker.queue(self.name)
-        while not q.ready:
+        if not q.ready:
             q.arrived.clear()
             await q.arrived.wait()
         out: list[Incoming] = []
@@ -156,6 +155,9 @@ class MemoryTransport:
             label = m.message_id or f"delivery {m.tag}"
             out.append(Incoming(m.message_id, m.body, m.headers, m.deliveries, self.name, m, label))
         return out
+
+    def wake(self) -> None:
+        self.broker.queue(self.name).arrived.set()
 
     def _take(self, d: Incoming) -> MemoryMessage | None:
         m: MemoryMessage = d.raw

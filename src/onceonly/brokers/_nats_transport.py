@@ -28,7 +28,6 @@ class NatsTransport:
     """Fetches from a durable pull consumer; naks with JetStream's own delay; sends
     ``+WPI`` (in progress) every ``ack_wait / 3`` for the messages in flight."""
 
-    cancel_receive = False  # a cancelled pull request would capture messages: wait it out
     delays_retries = True  # nak(delay=...)
     drop = staticmethod(wire.drop)
 
@@ -185,6 +184,9 @@ class NatsTransport:
             raw=msg,
             label=wire.label(msg),
         )
+
+    def wake(self) -> None:
+        """Nothing to wake: ``receive`` returns within its poll timeout."""
 
     async def ack(self, d: Incoming) -> None:
         await d.raw.ack()

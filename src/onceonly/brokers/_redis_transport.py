@@ -59,7 +59,6 @@ class RedisStreamsTransport:
     """A failed entry stays in this consumer's pending list and is fetched again (XCLAIM,
     counted by Redis) once its delay is over; entries idle ``claim_idle`` are taken over."""
 
-    cancel_receive = False  # a cancelled XREADGROUP may lose what it read: wait it out
     delays_retries = True
 
     def __init__(
@@ -226,6 +225,9 @@ class RedisStreamsTransport:
         )
 
     # -- settling -------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Nothing to wake: ``receive`` returns within its poll timeout."""
 
     async def ack(self, d: Incoming) -> None:
         """XACK, in one XACK with the others acked meanwhile; wait for it."""
