@@ -134,16 +134,18 @@ class MemoryTransport:
         self.where = f"memory queue {queue}"
         self._held: dict[int, MemoryMessage] = {}
         self._timers: dict[asyncio.TimerHandle, MemoryMessage] = {}
+        self._woken = False
 
     async def open(self) -> None:
         self.broker.queue(self.name)
+        self._woken = False
 
     async def bounds(self, redeliveries: Callable[[float, str], Bound]) -> list[Bound]:
         return []
 
     async def receive(self, limit: int) -> Sequence[Incoming]:
         q = self.broker.queue(self.name)
-        if not q.ready:
+        if not q.ready and not self._woken:
             q.arrived.clear()
             await q.arrived.wait()
         out: list[Incoming] = []
@@ -157,6 +159,7 @@ class MemoryTransport:
         return out
 
     def wake(self) -> None:
+        self._woken = True
         self.broker.queue(self.name).arrived.set()
 
     def _take(self, d: Incoming) -> MemoryMessage | None:
