@@ -63,6 +63,8 @@ class Kit:
     """What the contract needs from a broker."""
 
     name = ""
+    #: a message sent without an id still has one (SQS's MessageId)
+    always_has_id = False
 
     async def start(self) -> None: ...
 
@@ -280,4 +282,122 @@ class RedisKit(Kit):
         return all(g["pending"] == 0 for g in groups) and bool(groups)
 
 
-KITS: dict[str, type[Kit]] = {k.name: k for k in (MemoryKit, RabbitKit, NatsKit, RedisKit)}
+_MOTO: dict[str, Any] = {}
+
+
+def moto_endpoint() -> str:
+    """A moto_server (a real HTTP process speaking the SQS API: no SQS runs on these
+    machines) on a free port, started once for the test run and ended at exit."""
+    if "url" in _MOTO:
+        return str(_MOTO["url"])
+    import atexit
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
+    if exe is None:
+        unavailable("moto_server (pip install 'moto[server]')")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [str(exe), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    atexit.register(proc.terminate)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                unavailable(f"moto_server on port {port}")
+            time.sleep(0.1)
+    _MOTO["url"] = url
+    return url
+
+
+SQS_OPTIONS = {
+    "region_name": "us-east-1",
+    "aws_access_key_id": "test",
+    "aws_secret_access_key": "test",
+}
+
+
+class SqsKit(Kit):
+    """SQS: always has an id (its MessageId when no attribute and no fallback)."""
+
+    name = "sqs"
+    always_has_id = True
+
+    async def start(self) -> None:
+        from aiobotocore.session import get_session
+
+        self.options = {**SQS_OPTIONS, "endpoint_url": moto_endpoint()}
+        self.session = get_session()
+        self.stack = contextlib.AsyncExitStack()
+        self.client = await self.stack.enter_async_context(
+            self.session.create_client("sqs", **self.options)
+        )
+        self.queue = f"contract-{uuid.uuid4().hex[:12]}"
+        self.url = (await self.client.create_queue(QueueName=self.queue))["QueueUrl"]
+        self._dead: list[tuple[bytes, dict[str, str]]] = []
+
+    async def cleanup(self) -> None:
+        for name in (self.queue, f"{self.queue}-dead"):
+            with contextlib.suppress(Exception):
+                url = (await self.client.get_queue_url(QueueName=name))["QueueUrl"]
+                await self.client.delete_queue(QueueUrl=url)
+        await self.stack.aclose()
+
+    async def send(
+        self, payload: Any = None, *, message_id: str | None = None, body: bytes | None = None
+    ) -> None:
+        attributes = (
+            {"onceonly-message-id": {"DataType": "String", "StringValue": message_id}}
+            if message_id
+            else {}
+        )
+        await self.client.send_message(
+            QueueUrl=self.url,
+            MessageBody=_body(payload, body).decode(),
+            MessageAttributes=attributes,
+        )
+
+    def consumer(self, inbox: onceonly.AsyncInbox, handler: Any, **kw: Any) -> ConsumerLoop:
+        from onceonly.brokers.sqs import SqsConsumer
+
+        options = {**FAST, **kw, **self.options}
+        return SqsConsumer(inbox, handler, queue=self.queue, session=self.session, **options)
+
+    async def dead(self) -> list[tuple[bytes, dict[str, str]]]:
+        with contextlib.suppress(Exception):
+            url = (await self.client.get_queue_url(QueueName=f"{self.queue}-dead"))["QueueUrl"]
+            while True:
+                reply = await self.client.receive_message(
+                    QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"]
+                )
+                if not reply.get("Messages"):
+                    break
+                for m in reply["Messages"]:
+                    attrs = m.get("MessageAttributes", {})
+                    headers = {k: v["StringValue"] for k, v in attrs.items()}
+                    self._dead.append((m["Body"].encode(), headers))
+                    handle = m["ReceiptHandle"]
+                    await self.client.delete_message(QueueUrl=url, ReceiptHandle=handle)
+        return list(self._dead)
+
+    async def settled(self) -> bool:
+        names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        reply = await self.client.get_queue_attributes(QueueUrl=self.url, AttributeNames=names)
+        return all(int(reply["Attributes"][n]) == 0 for n in names)
+
+
+KITS: dict[str, type[Kit]] = {k.name: k for k in (MemoryKit, RabbitKit, NatsKit, RedisKit, SqsKit)}
