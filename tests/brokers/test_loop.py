@@ -14,7 +14,7 @@ import pytest
 import onceonly
 from onceonly._core.deadletter import envelope
 from onceonly._core.settle import Action, Verdict
-from onceonly.brokers._loop import Incoming
+from onceonly.brokers._transport import Incoming
 from onceonly.testing import MemoryBroker, MemoryConsumer
 
 pytestmark = pytest.mark.timeout(20)

@@ -22,7 +22,7 @@ from aio_pika.abc import (
 
 from onceonly._core.window import Bound
 from onceonly.brokers import _amqp_wire as wire
-from onceonly.brokers._loop import Incoming
+from onceonly.brokers._transport import Incoming
 from onceonly.errors import PublishError
 
 __all__ = ["RabbitMQTransport"]

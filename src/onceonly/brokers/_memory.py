@@ -21,7 +21,8 @@ from typing import Any
 
 from onceonly._core.window import Bound
 from onceonly.brokers._consumer import Handler, MessageIds
-from onceonly.brokers._loop import ConsumerLoop, Incoming
+from onceonly.brokers._loop import ConsumerLoop
+from onceonly.brokers._transport import Incoming
 from onceonly.errors import ConfigurationError, PublishError
 from onceonly.inbox_async import AsyncInbox
 from onceonly.messaging import HEADER_KEY, OutboxMessage

@@ -18,7 +18,7 @@ from nats.js import JetStreamContext, api
 
 from onceonly._core.window import Bound
 from onceonly.brokers import _nats_wire as wire
-from onceonly.brokers._loop import Incoming
+from onceonly.brokers._transport import Incoming
 from onceonly.errors import BrokerUnavailable, ConfigurationError, PublishError
 
 __all__ = ["NatsTransport"]

@@ -17,7 +17,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from onceonly._core.window import Bound
 from onceonly.brokers import _redis_wire as wire
-from onceonly.brokers._loop import Incoming
+from onceonly.brokers._transport import Incoming
 from onceonly.errors import BrokerUnavailable, ConfigurationError
 
 __all__ = ["RedisStreamsTransport"]

@@ -16,7 +16,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from onceonly._core.window import Bound
 from onceonly.brokers import _sqs_wire as wire
-from onceonly.brokers._loop import Incoming
+from onceonly.brokers._transport import Incoming
 from onceonly.errors import BrokerUnavailable, ConfigurationError, PublishError
 
 __all__ = ["SqsTransport"]
