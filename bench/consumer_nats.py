@@ -108,8 +108,9 @@ async def bare(nc: Client, stream: str, subject: str, n: int, batch: int) -> flo
 
 async def with_inbox(
     url: str, pg: str, table: str, stream: str, subject: str, n: int, batch: int, js: Any
-) -> float:
-    """``NatsConsumer`` + ``AsyncInbox`` on PostgreSQL; seconds to ack ``n`` messages."""
+) -> tuple[float, float]:
+    """``NatsConsumer`` + ``AsyncInbox`` on PostgreSQL; seconds to ack ``n`` messages,
+    and the client CPU seconds meanwhile."""
     if pg.startswith("postgres"):
         store = onceonly.open_async_store(
             pg, table=table, min_size=batch, max_size=batch, outbox_table=None
@@ -128,15 +129,16 @@ async def with_inbox(
         inbox, handler, url=url, stream=stream, subject=subject, durable="onceonly", batch=batch
     )
     try:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         async with consumer:
             while handled < n or not await acked_all(js, stream, "onceonly", n):
                 await asyncio.sleep(0.005)
             elapsed = time.perf_counter() - started
+            cpu = time.process_time() - cpu
     finally:
         await store.close()
     assert handled == n, (handled, n)
-    return elapsed
+    return elapsed, cpu
 
 
 def drop_table(pg: str, table: str) -> None:
@@ -164,7 +166,9 @@ async def main() -> None:
     try:
         pub_s = await publish_all(args.url, subject, n, args.in_flight)
         bare_s = await bare(nc, stream, subject, n, args.batch)
-        inbox_s = await with_inbox(args.url, args.pg, table, stream, subject, n, args.batch, js)
+        inbox_s, cpu_s = await with_inbox(
+            args.url, args.pg, table, stream, subject, n, args.batch, js
+        )
     finally:
         with contextlib.suppress(Exception):
             await js.delete_stream(stream)
@@ -178,6 +182,7 @@ async def main() -> None:
     print(f"{confirmed:38}{n / pub_s:10.0f} msg/s  ({pub_s:.2f} s)")
     print(f"bare consumer (fetch + ack):          {n / bare_s:10.0f} msg/s  ({bare_s:.2f} s)")
     print(f"NatsConsumer + AsyncInbox (PG):       {n / inbox_s:10.0f} msg/s  ({inbox_s:.2f} s)")
+    print(f"  client CPU per message:             {cpu_s / n * 1e6:10.0f} µs")
     print(f"ratio onceonly / bare:                {bare_s / inbox_s:10.2f}")
 
 

@@ -62,10 +62,14 @@ async def publish_all(url: str, queue: str, n: int, in_flight: int) -> float:
 
 async def run_onceonly(
     url: str, pg: str, table: str, queue: str, n: int, concurrency: int
-) -> float:
-    store = onceonly.open_async_store(
-        pg, table=table, min_size=concurrency, max_size=concurrency, outbox_table=None
-    )
+) -> tuple[float, float]:
+    """Messages per second and client CPU microseconds per message."""
+    if pg.startswith("postgres"):
+        store = onceonly.open_async_store(
+            pg, table=table, min_size=concurrency, max_size=concurrency, outbox_table=None
+        )
+    else:  # e.g. memory://: the consumer's own overhead, without PostgreSQL
+        store = onceonly.open_async_store(pg)
     await store.migrate()
     inbox = onceonly.AsyncInbox(store, consumer="bench")
     done = asyncio.Event()
@@ -80,13 +84,14 @@ async def run_onceonly(
     consumer = RabbitMQConsumer(inbox, handler, url=url, queue=queue, concurrency=concurrency)
     try:
         async with consumer:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             await done.wait()
             await consumer.stop()  # the last handlers commit and are acked
             elapsed = time.perf_counter() - start
+            cpu = time.process_time() - cpu
     finally:
         await store.close()
-    return n / elapsed
+    return n / elapsed, cpu / n * 1e6
 
 
 async def run_bare(url: str, queue: str, n: int, prefetch: int) -> float:
@@ -113,6 +118,13 @@ async def run_bare(url: str, queue: str, n: int, prefetch: int) -> float:
     finally:
         await connection.close()
     return n / elapsed
+
+
+def drop_table(pg: str, table: str) -> None:
+    with psycopg.connect(pg, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+        if conn.execute("SELECT to_regclass('onceonly_schema')").fetchone()[0]:  # type: ignore[index]
+            conn.execute("DELETE FROM onceonly_schema WHERE component = %s", (f"records:{table}",))
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -143,24 +155,22 @@ async def main_async(args: argparse.Namespace) -> None:
             msg = await (await channel.get_queue(q)).get(fail=True, timeout=5)
             await msg.ack()
         bare = await run_bare(args.url, q_bare, n, args.concurrency)
-        once = await run_onceonly(args.url, args.pg, table, q_once, n, args.concurrency)
+        once, cpu_us = await run_onceonly(args.url, args.pg, table, q_once, n, args.concurrency)
     finally:
         for q in (q_once, q_bare):
             for name in (q, f"{q}.dead"):
                 with contextlib.suppress(Exception):
                     await channel.queue_delete(name)
         await admin.close()
-        with psycopg.connect(args.pg, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {table}")
-            if conn.execute("SELECT to_regclass('onceonly_schema')").fetchone()[0]:  # type: ignore[index]
-                conn.execute(
-                    "DELETE FROM onceonly_schema WHERE component = %s", (f"records:{table}",)
-                )
+        if args.pg.startswith("postgres"):
+            drop_table(args.pg, table)
 
+    where = "PG" if args.pg.startswith("postgres") else args.pg
     rows = [
         (f"publisher (confirmed, {args.in_flight} in flight)", f"{publish_rate:10.0f} msg/s"),
         ("bare aio-pika consumer (ack only)", f"{bare:10.0f} msg/s"),
-        ("onceonly RabbitMQConsumer (inbox on PG)", f"{once:10.0f} msg/s"),
+        (f"onceonly RabbitMQConsumer (inbox on {where})", f"{once:10.0f} msg/s"),
+        ("  client CPU per message", f"{cpu_us:10.0f} µs"),
         ("ratio onceonly / bare", f"{once / bare:10.2f}"),
     ]
     print(f"messages: {n}, consumer concurrency/prefetch: {args.concurrency}")

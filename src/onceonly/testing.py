@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import threading
 
+from onceonly.brokers._memory import DeadLetter, MemoryBroker, MemoryConsumer, MemoryMessage
 from onceonly.errors import PublishError
 from onceonly.messaging import OutboxMessage
 
-__all__ = ["AsyncListPublisher", "ListPublisher", "ManualClock"]
+__all__ = [
+    "AsyncListPublisher",
+    "DeadLetter",
+    "ListPublisher",
+    "ManualClock",
+    "MemoryBroker",
+    "MemoryConsumer",
+    "MemoryMessage",
+]
 
 
 class ManualClock:

@@ -25,7 +25,6 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerInfo, StreamConfig
 
 import onceonly
-from onceonly._core.keys import content_key
 from onceonly.brokers.nats import NatsConsumer, NatsPublisher
 from onceonly.errors import ConfigurationError, PublishError
 from onceonly.inbox_async import AsyncTx
@@ -298,27 +297,6 @@ async def test_duplicate_message_is_acked_without_running_the_handler(
     assert committed_ledger(tmp_path) == ["pay-1"]
 
 
-async def test_failed_handler_is_redelivered_with_growing_count(
-    env: Env, store: Any, tmp_path: Path
-) -> None:
-    """A handler failure naks; the redeliveries carry the broker's delivery count."""
-    seen: list[tuple[int | None, bool, int]] = []
-
-    async def handler(payload: Any, tx: AsyncTx) -> str:
-        assert tx.delivery is not None
-        seen.append((tx.delivery.delivery_count, tx.delivery.redelivered, tx.attempt))
-        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (payload["id"],))
-        if len(seen) < 3:
-            raise RuntimeError("flaky")
-        return "ok"
-
-    await env.send({"id": "pay-1"}, msg_id="m-1")
-    async with consumer(env, store, handler):
-        await eventually(lambda: settled(env, deliveries=3))
-    assert seen == [(1, False, 1), (2, True, 2), (3, True, 3)]
-    assert committed_ledger(tmp_path) == ["pay-1"]  # the failed runs rolled back
-
-
 async def test_poison_message_is_dead_lettered_then_acked(env: Env, store: Any) -> None:
     """max_attempts failures: published to the dead-letter subject with headers, then acked."""
     calls = 0
@@ -344,41 +322,6 @@ async def test_poison_message_is_dead_lettered_then_acked(env: Env, store: Any) 
     assert "bad amount" in headers["onceonly-error"]
     assert headers["onceonly-attempts"] == "2"
     assert headers["onceonly-message-id"] == "m-1"
-
-
-async def test_message_without_id_is_dead_lettered_as_invalid_id(env: Env, store: Any) -> None:
-    """No Nats-Msg-Id and no fallback: dead-lettered with reason invalid-id, handler not run."""
-    calls = 0
-
-    async def handler(payload: Any, tx: AsyncTx) -> None:
-        nonlocal calls
-        calls += 1
-
-    await env.send({"id": "pay-1"})
-    async with consumer(env, store, handler):
-        await eventually(lambda: settled(env, deliveries=1))
-    assert calls == 0
-    dead = await env.dead_letters()
-    assert len(dead) == 1
-    assert (dead[0].headers or {})["onceonly-dead-reason"] == "invalid-id"
-    assert json.loads(dead[0].data) == {"id": "pay-1"}
-
-
-@pytest.mark.parametrize("fallback", ["content", "event_id"])
-async def test_message_id_fallback(env: Env, store: Any, fallback: str) -> None:
-    """Without Nats-Msg-Id, the content hash or a payload field is the key."""
-    body = {"event_id": "evt-7", "amount": 3}
-    keys: list[str] = []
-
-    async def handler(payload: Any, tx: AsyncTx) -> None:
-        keys.append(tx.key)
-
-    await env.send(body)
-    await env.send(body)  # the same event again: one run
-    async with consumer(env, store, handler, message_id=fallback):
-        await eventually(lambda: settled(env, deliveries=2))
-    assert keys == [content_key(body) if fallback == "content" else "evt-7"]
-    assert await env.dead_letters() == []
 
 
 async def test_dead_letter_publish_failure_leaves_message_for_redelivery(
@@ -504,62 +447,6 @@ async def _has_sub(c: NatsConsumer) -> bool:
 
 
 # -- settlement: every delivery ends acked, retried with backoff, or dead-lettered ---------
-
-
-class Declined(Exception):
-    """A business error the inbox caches (cache_errors=): the key's final outcome."""
-
-
-def nested(depth: int) -> bytes:
-    return b"[" * depth + b"]" * depth
-
-
-@pytest.mark.parametrize("depth", [600, 10_000])
-async def test_deeply_nested_body_is_dead_lettered_and_the_consumer_goes_on(
-    env: Env, store: Any, tmp_path: Path, depth: int
-) -> None:
-    """JSON nested too deep to decode or fingerprint: dead-lettered unrun."""
-    calls: list[str] = []
-
-    async def handler(payload: Any, tx: AsyncTx) -> None:
-        calls.append(tx.key)
-        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
-
-    await env.js.publish(env.subject, nested(depth), headers={"Nats-Msg-Id": "m-deep"})
-    await env.send({"n": 1}, msg_id="m-1")
-    async with consumer(env, store, handler):
-        await eventually(lambda: settled(env, deliveries=2))
-    [dead] = await env.dead_letters()
-    assert dead.data == nested(depth)
-    headers = dead.headers or {}
-    assert headers["onceonly-dead-reason"] == "undecodable"
-    assert any(e in headers["onceonly-error"] for e in ("RecursionError", "InvalidPayload"))
-    assert calls == ["m-1"]
-    assert committed_ledger(tmp_path) == ["m-1"]
-
-
-async def test_cached_error_is_acked_and_replayed_not_retried(env: Env, store: Any) -> None:
-    """cache_errors: the error completes the key, so the message and its duplicate are acked."""
-    await env.js.update_stream(
-        StreamConfig(name=env.stream, subjects=[env.subject], duplicate_window=0.1)
-    )
-    calls: list[int | None] = []
-
-    async def handler(payload: Any, tx: AsyncTx) -> None:
-        calls.append(tx.delivery.delivery_count if tx.delivery else None)
-        raise Declined("card declined")
-
-    inbox = onceonly.AsyncInbox(store, consumer="billing", cache_errors=(Declined,))
-    async with consumer(env, store, handler, inbox=inbox):
-        await env.send({"n": 1}, msg_id="m-1")
-        await eventually(lambda: settled(env, deliveries=1))
-        await asyncio.sleep(0.2)  # past the duplicate window: a second message
-        await env.send({"n": 1}, msg_id="m-1")
-        await eventually(lambda: settled(env, deliveries=2))
-        await asyncio.sleep(0.3)  # nothing comes back
-        assert await settled(env, deliveries=2)
-    assert calls == [1]
-    assert await env.dead_letters() == []
 
 
 @pytest.mark.parametrize(

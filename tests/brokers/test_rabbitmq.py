@@ -11,14 +11,13 @@ import contextlib
 import os
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import aio_pika
 import aiormq
-import pamqp.header
 import pytest
 from pamqp.commands import Basic
 
@@ -95,26 +94,6 @@ def onceonly_json(payload: Any) -> bytes:
     import json
 
     return json.dumps(payload).encode()
-
-
-@contextlib.contextmanager
-def without_message_id() -> Iterator[None]:
-    """aiormq gives every publish a message_id; other clients do not: strip it on the wire."""
-    frame_class = aiormq.channel.ChannelFrame
-    original = frame_class.__dict__["marshall"]
-
-    def marshall(cls: Any, channel_number: int, frames: Any, drain_future: Any = None) -> Any:
-        frames = list(frames)
-        for frame in frames:
-            if isinstance(frame, pamqp.header.ContentHeader):
-                frame.properties.message_id = None
-        return original.__func__(cls, channel_number, frames, drain_future)
-
-    frame_class.marshall = classmethod(marshall)
-    try:
-        yield
-    finally:
-        frame_class.marshall = original
 
 
 @pytest.fixture
@@ -318,25 +297,6 @@ async def test_processes_once_and_acks_only_after_commit(
     assert await broker.count(f"{queue}.dead") == 0
 
 
-async def test_failing_handler_is_redelivered_with_growing_count(broker: Broker, db: Db) -> None:
-    """A handler that fails twice sees the message again (count 1, 2, 3) and then succeeds."""
-    queue = broker.name()
-    seen: list[tuple[int | None, bool, int]] = []
-
-    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
-        assert tx.delivery is not None
-        seen.append((tx.delivery.delivery_count, tx.delivery.redelivered, tx.attempt))
-        if len(seen) < 3:
-            raise RuntimeError("transient")
-        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
-
-    async with consumer(db, handler, queue):
-        await broker.publish(queue, {"n": 1}, message_id="m-1")
-        await until(lambda: db.ledger() == ["m-1"])
-    assert seen == [(1, False, 1), (2, True, 2), (3, True, 3)]
-    assert await broker.count(queue) == 0
-
-
 async def test_poison_message_is_dead_lettered_with_headers(broker: Broker, db: Db) -> None:
     """A handler that always fails: after max_attempts the message goes to .dead, acked."""
     queue = broker.name()
@@ -361,50 +321,6 @@ async def test_poison_message_is_dead_lettered_with_headers(broker: Broker, db: 
     assert calls == [1, 2]
     assert await broker.count(queue) == 0  # acked, not coming back
     assert not broker.connection.is_closed  # the caller's connection stays open
-
-
-async def test_message_without_id_is_dead_lettered_as_invalid_id(broker: Broker, db: Db) -> None:
-    """No message_id and no fallback: dead-lettered with reason invalid-id, handler not run."""
-    queue = broker.name()
-    calls: list[Any] = []
-
-    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
-        calls.append(payload)
-
-    async with consumer(db, handler, queue):
-        with without_message_id():
-            await broker.publish(queue, {"n": 1})
-        await until_count(broker, f"{queue}.dead", 1)
-    [dead] = await broker.take(f"{queue}.dead")
-    assert dead.headers["onceonly-dead-reason"] == "invalid-id"
-    assert "no id" in dead.headers["onceonly-error"]
-    assert "onceonly-message-id" not in dead.headers
-    assert calls == []
-    assert await broker.count(queue) == 0
-
-
-@pytest.mark.parametrize("fallback", ["content", "event_id"])
-async def test_fallback_message_id(broker: Broker, db: Db, fallback: str) -> None:
-    """Without a message_id, message_id='content' or a payload field gives the key."""
-    queue = broker.name()
-    keys: list[str] = []
-
-    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
-        keys.append(tx.key)
-
-    async with consumer(db, handler, queue, message_id=fallback):
-        with without_message_id():
-            await broker.publish(queue, {"event_id": "evt-7", "n": 1})
-            await broker.publish(queue, {"event_id": "evt-7", "n": 1})  # the duplicate
-        await until(lambda: len(keys) == 1)
-        await until_count(broker, queue, 0)
-        await asyncio.sleep(0.2)
-    expected = (
-        "evt-7" if fallback == "event_id" else onceonly.content_key({"event_id": "evt-7", "n": 1})
-    )
-    assert keys == [expected]
-    assert await broker.count(queue) == 0
-    assert await broker.count(f"{queue}.dead") == 0
 
 
 async def test_classic_queue_mismatch_when_dead_letter_fails_is_not_acked(
@@ -566,14 +482,6 @@ async def test_publisher_recovers_after_a_network_loss(broker: Broker) -> None:
 # --- settlement: every delivery ends acked, retried with backoff, or dead-lettered -------
 
 
-class Declined(Exception):
-    """A business error the inbox caches (cache_errors=): the key's final outcome."""
-
-
-def nested(depth: int) -> bytes:
-    return b"[" * depth + b"]" * depth
-
-
 def spy_acks(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
     acked: list[str | None] = []
     original_ack = aio_pika.IncomingMessage.ack
@@ -584,56 +492,6 @@ def spy_acks(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
 
     monkeypatch.setattr(aio_pika.IncomingMessage, "ack", ack)
     return acked
-
-
-@pytest.mark.parametrize("depth", [600, 10_000])
-async def test_deeply_nested_body_is_dead_lettered_and_the_consumer_goes_on(
-    broker: Broker, db: Db, depth: int
-) -> None:
-    """JSON nested too deep to decode or fingerprint: dead-lettered unrun."""
-    queue = broker.name()
-    calls: list[str] = []
-
-    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
-        calls.append(tx.key)
-        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
-
-    async with consumer(db, handler, queue, concurrency=1):
-        await broker.publish(queue, nested(depth), message_id="m-deep")
-        await broker.publish(queue, {"n": 1}, message_id="m-1")
-        await until_count(broker, f"{queue}.dead", 1)
-        await until(lambda: calls == ["m-1"])
-    [dead] = await broker.take(f"{queue}.dead")
-    assert dead.body == nested(depth)
-    assert dead.headers["onceonly-dead-reason"] == "undecodable"
-    assert any(e in dead.headers["onceonly-error"] for e in ("RecursionError", "InvalidPayload"))
-    assert db.ledger() == ["m-1"]
-    assert await broker.count(queue) == 0
-
-
-async def test_cached_error_is_acked_and_replayed_not_retried(
-    broker: Broker, db: Db, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """cache_errors: the error completes the key, so the message and its duplicate are acked."""
-    queue = broker.name()
-    acked = spy_acks(monkeypatch)
-    calls: list[int | None] = []
-
-    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
-        calls.append(tx.delivery.delivery_count if tx.delivery else None)
-        raise Declined("card declined")
-
-    inbox = db.inbox(cache_errors=(Declined,))
-    async with consumer(db, handler, queue, inbox=inbox):
-        await broker.publish(queue, {"n": 1}, message_id="m-1")
-        await until(lambda: acked == ["m-1"])
-        await broker.publish(queue, {"n": 1}, message_id="m-1")  # the duplicate: replayed
-        await until(lambda: acked == ["m-1", "m-1"])
-        await asyncio.sleep(0.3)  # nothing comes back
-    assert calls == [1]
-    assert acked == ["m-1", "m-1"]
-    assert await broker.count(queue) == 0
-    assert await broker.count(f"{queue}.dead") == 0
 
 
 @pytest.mark.parametrize(
@@ -714,30 +572,6 @@ async def test_result_too_large_or_unencodable_is_dead_lettered(
     [dead] = await broker.take(f"{queue}.dead")
     assert dead.headers["onceonly-dead-reason"] == case
     assert calls == ["m-1"]
-    assert await broker.count(queue) == 0
-
-
-async def test_dead_letter_error_header_is_bounded_and_clean(broker: Broker, db: Db) -> None:
-    """An error text with NUL, CR/LF, a lone surrogate and 3000 characters: a safe header."""
-    queue = broker.name()
-    calls = 0
-
-    async def handler(payload: Any, tx: onceonly.AsyncTx) -> Any:
-        nonlocal calls
-        calls += 1
-        raise ValueError("bad\x00amount\r\n\ud800" + "é" * 3000)
-
-    async with consumer(db, handler, queue, retry_delay=0.01, max_deliveries=2):
-        await broker.publish(queue, {"n": 1}, message_id="m-1")
-        await until_count(broker, f"{queue}.dead", 1)
-    [dead] = await broker.take(f"{queue}.dead")
-    error = dead.headers["onceonly-error"]
-    assert isinstance(error, str)
-    assert error.startswith("ValueError: bad amount")
-    assert not any(c in error for c in "\x00\r\n\ud800")
-    assert len(error) <= 1000
-    assert dead.headers["onceonly-dead-reason"] in ("max-deliveries", "dead-lettered")
-    assert calls == 2
     assert await broker.count(queue) == 0
 
 

@@ -26,6 +26,7 @@ EXTRAS = {
     "onceonly.brokers.rabbitmq": "rabbitmq",
     "onceonly.brokers.nats": "nats",
     "onceonly.brokers.redis_streams": "redis",
+    "onceonly.brokers.sqs": "sqs",
 }
 
 

@@ -1,0 +1,329 @@
+# SPDX-License-Identifier: MIT
+"""One consumer loop over thin broker transports.
+
+A :class:`Transport` knows one broker: how to receive deliveries and settle each one
+(ack, retry after a delay, dead-letter with given headers, extend the lease of those in
+flight). :class:`ConsumerLoop` owns everything else, the same for every broker:
+
+* concurrency: at most ``concurrency`` handlers run; a transport is asked for at most
+  as many deliveries as there are free slots (the prefetch), and what it returns
+  beyond that (or while stopping) is handed back at once;
+* the inbox call and the verdict (:class:`~onceonly.brokers._consumer.Deliveries`);
+* settlement: ack only after the inbox's commit; a counted retry after the one
+  jittered backoff (:mod:`onceonly._core.backoff`); a dead letter with the one header
+  envelope (:mod:`onceonly._core.deadletter`), acked only once it is published, else
+  retried; the catch-all: whatever fails on the way, the delivery is retried;
+* the poison rule: a delivery the broker counts past ``max_deliveries`` is
+  dead-lettered without running (this counts the crashes of atomic mode);
+* lease extension: every ``transport.extend_every`` seconds, the deliveries in flight
+  are extended in one call;
+* the lifecycle: ``run()`` (one at a time; a stopped consumer may run again;
+  ``stop()`` before the first run started makes that run return at once),
+  ``stop()`` (stop receiving, let running handlers finish and settle up to
+  ``shutdown_timeout``, cancel the rest, close), ``async with`` (start, and raise the
+  start-up error at once; on exit stop, and raise what ended the run unless the block
+  raised).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from onceonly._core.deadletter import envelope
+from onceonly._core.settle import Action, Backoff
+from onceonly.brokers._consumer import (
+    Deliveries,
+    Handler,
+    InFlightTracker,
+    MessageIds,
+    Settlement,
+    decode_body,
+    pause,
+    unexpected,
+)
+from onceonly.brokers._transport import Incoming, Transport
+from onceonly.errors import BrokerUnavailable
+from onceonly.inbox_async import AsyncInbox
+from onceonly.messaging import Delivery
+
+__all__ = ["RECONNECT", "ConsumerLoop", "Incoming", "Transport"]  # re-exported
+
+#: Delays between failed receives (the broker went away): the one jittered backoff.
+RECONNECT = Backoff(0.1, 5.0)
+
+
+L = TypeVar("L", bound="ConsumerLoop")
+
+
+class ConsumerLoop:
+    """Runs deliveries from a :class:`Transport` through an inbox (see the module).
+
+    A broker's consumer calls ``__init__`` with the settings every consumer shares,
+    then sets :attr:`transport`.
+    """
+
+    transport: Transport
+
+    def __init__(
+        self,
+        inbox: AsyncInbox,
+        handler: Handler,
+        *,
+        message_id: MessageIds | str | Callable[[Any], str] | None,
+        max_deliveries: int | None,
+        retry_delay: float,
+        max_backoff: float,
+        dedup_window: str,
+        concurrency: int,
+        shutdown_timeout: float,
+        logger: logging.Logger,
+    ) -> None:
+        self.inbox = inbox
+        self.handler = handler
+        self.ids = message_id if isinstance(message_id, MessageIds) else MessageIds(message_id)
+        self.retry_delay = retry_delay
+        self.max_backoff = max_backoff
+        self.deliveries = Deliveries(
+            inbox,
+            handler,
+            self.ids,
+            max_deliveries=max_deliveries,
+            backoff=Backoff(retry_delay, max_backoff),
+            logger=logger,
+            dedup_window=dedup_window,
+        )
+        self.max_deliveries = self.deliveries.max_deliveries
+        self.concurrency = concurrency
+        self.shutdown_timeout = shutdown_timeout
+        self._loop_log = logger
+        self._tracker = InFlightTracker(concurrency)
+        self._free = concurrency
+        self._slots = asyncio.Condition()
+        self._in_flight: dict[int, Incoming] = {}
+        self._stop: asyncio.Event | None = None
+        self._done: asyncio.Event | None = None
+        self._started = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._random = random.Random()
+        self._ran = self._stopped_early = False
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Consume until :meth:`stop` is called or the task is cancelled.
+
+        A cancellation does not wait: running handlers are cancelled, their
+        transactions roll back and their messages are handed back.
+
+        Raises:
+            RuntimeError: this consumer is already running.
+        """
+        if self._done is not None:
+            raise RuntimeError("this consumer is already running")
+        if self._stopped_early:
+            return  # stop() came before this first run() started
+        self._ran = True
+        self._done, self._stop = asyncio.Event(), asyncio.Event()
+        self._free = self.concurrency
+        graceful = False
+        extender: asyncio.Task[None] | None = None
+        try:
+            await self.transport.open()
+            bounds = await self.transport.bounds(self.deliveries.redeliveries_bound)
+            self.deliveries.check_window(bounds, self.transport.where)
+            if self.transport.extend_every:
+                extender = asyncio.ensure_future(self._extend_loop(self.transport.extend_every))
+            self._started.set()
+            await self._consume(self._stop)
+            graceful = True
+        finally:
+            try:
+                await self._shutdown(graceful, extender)
+            finally:
+                done, self._done, self._stop = self._done, None, None
+                self._started = asyncio.Event()
+                done.set()
+
+    async def stop(self) -> None:
+        """Stop receiving, let running handlers finish and settle (up to
+        ``shutdown_timeout``), then close. Returns once :meth:`run` has ended. Before
+        the first run has started (``create_task(c.run())`` then ``c.stop()``), that
+        run returns at once; after a run ended it does nothing."""
+        done, stop = self._done, self._stop
+        if done is None or stop is None:
+            self._stopped_early = not self._ran
+            return
+        stop.set()
+        self.transport.wake()
+        async with self._slots:
+            self._slots.notify_all()
+        await done.wait()
+
+    async def __aenter__(self: L) -> L:
+        self._task = task = asyncio.ensure_future(self.run())
+        started = asyncio.ensure_future(self._started.wait())
+        await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            started.cancel()
+            task.result()  # raises the start-up error
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        task, self._task = self._task, None
+        await self.stop()
+        if task is None:
+            return
+        try:
+            await task
+        except Exception:
+            if et is None:
+                raise  # what ended the run (a lost connection)
+            self._loop_log.exception("%s: the consumer failed", self.transport.where)
+
+    async def _shutdown(self, graceful: bool, extender: asyncio.Task[None] | None) -> None:
+        with contextlib.suppress(Exception):
+            await self.transport.stop_receiving()
+        await self._tracker.drain(self.shutdown_timeout if graceful else 0.0)
+        if extender is not None:
+            extender.cancel()
+            await asyncio.gather(extender, return_exceptions=True)
+        await self.transport.close(graceful)
+        self._loop_log.info("stopped consuming %s", self.transport.where)
+
+    # -- receiving ------------------------------------------------------------------
+
+    async def _take_slots(self, stop: asyncio.Event) -> int:
+        async with self._slots:
+            await self._slots.wait_for(lambda: self._free > 0 or stop.is_set())
+            return 0 if stop.is_set() else self._free
+
+    async def _consume(self, stop: asyncio.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            free = await self._take_slots(stop)
+            if not free:
+                break
+            try:
+                batch = await self.transport.receive(free)
+                failures = 0
+            except BrokerUnavailable as exc:
+                failures += 1
+                delay = RECONNECT.delay(failures, self._random.random())
+                self._loop_log.warning(
+                    "%s: receive failed (%s); retrying in %.1fs", self.transport.where, exc, delay
+                )
+                await pause(stop, delay)
+                continue
+            for d in batch:
+                if stop.is_set() or self._free <= 0:
+                    await self._hand_back(d, "stopping" if stop.is_set() else "no free slot")
+                    continue
+                self._free -= 1
+                self._tracker.spawn(self._handle(d, stop))
+
+    async def _hand_back(self, d: Incoming, why: str) -> None:
+        try:
+            await self.transport.retry(d, 0.0)
+        except Exception as exc:
+            self._loop_log.debug("%s: could not hand it back (%s): %r", d.label, why, exc)
+
+    async def _extend_loop(self, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.transport.extend(list(self._in_flight.values()))
+            except Exception as exc:
+                self._loop_log.warning("%s: lease extension failed: %r", self.transport.where, exc)
+
+    # -- one delivery ---------------------------------------------------------------
+
+    async def _handle(self, d: Incoming, stop: asyncio.Event) -> None:
+        self._in_flight[id(d)] = d
+        try:
+            try:
+                settlement = await self._process(d, stop)
+            except asyncio.CancelledError:
+                # shutdown could not wait: the transaction rolled back; hand it back
+                await self._hand_back(d, "cancelled")
+                raise
+            except Exception as exc:  # a bug of ours: still settle the delivery
+                self._loop_log.exception("%s: unexpected error", d.label)
+                settlement = unexpected(exc, self.deliveries.delay(d.delivery_count or 1))
+            try:
+                await self._settle(d, settlement, stop)
+            except Exception as exc:
+                # the broker went away, or a bug: it will come back (redelivery or retry)
+                self._loop_log.warning("%s: could not settle it: %r", d.label, exc)
+                with contextlib.suppress(Exception):
+                    await self.transport.retry(d, self.deliveries.delay(d.delivery_count or 1))
+        finally:
+            self._in_flight.pop(id(d), None)
+            async with self._slots:
+                self._free += 1
+                self._slots.notify_all()
+
+    async def _process(self, d: Incoming, stop: asyncio.Event) -> Settlement:
+        count = d.delivery_count
+        redelivered = d.redelivered if d.redelivered is not None else (count or 1) > 1
+
+        def delivery(message_id: str) -> Delivery:
+            return Delivery(
+                message_id=message_id,
+                source=d.source,
+                delivery_count=count,
+                redelivered=redelivered,
+                headers=d.headers,
+                raw=d.raw,
+            )
+
+        return await self.deliveries.process(
+            broker_id=d.broker_id,
+            decode=lambda: decode_body(d.body),
+            delivery=delivery,
+            delivery_count=count,
+            stop=stop,
+            label=d.label,
+        )
+
+    async def _retry(self, d: Incoming, delay: float, stop: asyncio.Event) -> None:
+        if delay > 0 and not self.transport.delays_retries:
+            await pause(stop, delay)
+            delay = 0.0
+        await self.transport.retry(d, delay)
+
+    async def _settle(self, d: Incoming, s: Settlement, stop: asyncio.Event) -> None:
+        log, t = self._loop_log, self.transport
+        label = s.message_id or d.label
+        v = s.verdict
+        if v.action is Action.ACK:
+            await t.ack(d)
+            if v.reason:
+                log.warning("%s: acked (%s: %s)", label, v.reason, v.error)
+            else:
+                log.debug("%s: acked%s", label, " (replayed)" if s.replayed else "")
+            return
+        if v.action is Action.RETRY:
+            # counted: back off, then the broker redelivers and counts it; uncounted:
+            # only when stopping, so hand it back at once
+            delay = v.delay if v.counted else 0.0
+            await self._retry(d, delay, stop)
+            log.info("%s: handed back (%s), redelivery in %.2fs", label, v.reason, delay)
+            return
+        headers = envelope(d.headers, v, s.message_id, d.source, drop=getattr(t, "drop", None))
+        try:
+            await t.dead_letter(d, headers, s.message_id)
+        except Exception as exc:
+            delay = self.deliveries.delay(d.delivery_count or 1)
+            log.error("%s: dead-letter publish failed, left for redelivery: %r", label, exc)
+            await self._retry(d, delay, stop)
+            return
+        await t.ack(d)
+        log.warning("%s: dead-lettered (%s) and acked", label, v.reason)

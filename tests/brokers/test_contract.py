@@ -1,0 +1,318 @@
+# SPDX-License-Identifier: MIT
+"""The broker contract: every consumer, on every broker, settles every delivery the same
+way (one consumer loop, one verdict table, one dead-letter envelope).
+
+Run over the in-memory broker (onceonly.testing), the real RabbitMQ, NATS JetStream and
+Redis Streams of this machine, and SQS as moto_server (a real HTTP process: no SQS runs
+here), each test on a queue / stream / prefix of its own
+(tests/brokers/_kits.py). Broker-specific cases stay in the per-broker files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import onceonly
+from onceonly._core.settle import MAX_ERROR_CHARS
+from tests.brokers._kits import KITS, Kit
+
+pytestmark = pytest.mark.timeout(40)
+
+
+@pytest.fixture(params=sorted(KITS))
+async def kit(request: pytest.FixtureRequest) -> AsyncIterator[Kit]:
+    k = KITS[request.param]()
+    await k.start()
+    try:
+        yield k
+    finally:
+        await k.cleanup()
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Any]:
+    s = onceonly.open_async_store(f"sqlite:///{tmp_path}/x.db")
+    await s.migrate()
+    async with s.transaction() as tx:
+        await tx.execute("CREATE TABLE ledger (id TEXT NOT NULL)")
+    yield s
+    await s.close()
+
+
+async def ledger(store: Any) -> list[str]:
+    async with store.transaction() as tx:
+        cur = await tx.execute("SELECT id FROM ledger ORDER BY id")
+        return [row[0] for row in await cur.fetchall()]
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+def inbox(store: Any, **kw: Any) -> onceonly.AsyncInbox:
+    return onceonly.AsyncInbox(store, consumer="contract", **kw)
+
+
+async def dead_count(kit: Kit, n: int) -> bool:
+    return len(await kit.dead()) >= n
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+class Declined(Exception):
+    """A business error the inbox caches (cache_errors=)."""
+
+
+# -- processing ----------------------------------------------------------------------
+
+
+async def test_each_message_once_acked_after_commit(kit: Kit, store: Any) -> None:
+    """Two deliveries of one id run the handler once; every delivery is acked."""
+    calls: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        calls.append(tx.key)
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (payload["id"],))
+
+    await kit.send({"id": "a"}, message_id="m-1")
+    await kit.send({"id": "a"}, message_id="m-1")
+    await kit.send({"id": "b"}, message_id="m-2")
+    async with kit.consumer(inbox(store), handler):
+        await eventually(lambda: _ledger_is(store, ["a", "b"]))
+        await asyncio.sleep(0.2)
+    assert sorted(calls) == ["m-1", "m-2"]
+    assert await kit.settled()
+
+
+async def _ledger_is(store: Any, rows: list[str]) -> bool:
+    return await ledger(store) == rows
+
+
+async def test_failed_handler_is_redelivered_with_growing_count(kit: Kit, store: Any) -> None:
+    """A handler failing twice sees the message again (count 1, 2, 3, redelivered, the
+    inbox's attempt), its failed runs roll back, then it commits once and is acked."""
+    seen: list[tuple[int | None, bool, int]] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        assert tx.delivery is not None
+        seen.append((tx.delivery.delivery_count, tx.delivery.redelivered, tx.attempt))
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
+        if len(seen) < 3:
+            raise RuntimeError("flaky")
+
+    await kit.send({"n": 1}, message_id="m-1")
+    async with kit.consumer(inbox(store), handler):
+        await eventually(lambda: _ledger_is(store, ["m-1"]))
+    assert seen == [(1, False, 1), (2, True, 2), (3, True, 3)]
+    assert await ledger(store) == ["m-1"]  # the failed runs rolled back
+    assert await kit.settled()
+    assert await kit.dead() == []
+
+
+@pytest.mark.parametrize("fallback", ["content", "event_id"])
+async def test_message_id_fallback(kit: Kit, store: Any, fallback: str) -> None:
+    keys: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        keys.append(tx.key)
+
+    await kit.send({"event_id": "e-1"})
+    await kit.send({"event_id": "e-1"})
+    async with kit.consumer(inbox(store), handler, message_id=fallback):
+        await eventually(lambda: _true(len(keys) == 1))
+        await asyncio.sleep(0.3)
+    assert len(keys) == 1
+    assert keys[0] == "e-1" if fallback == "event_id" else keys[0] != "e-1"
+    assert await kit.dead() == []
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_cached_error_is_acked_and_not_retried(kit: Kit, store: Any) -> None:
+    calls = 0
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        nonlocal calls
+        calls += 1
+        raise Declined("no funds")
+
+    await kit.send({"n": 1}, message_id="m-1")
+    async with kit.consumer(inbox(store, cache_errors=(Declined,)), handler):
+        await eventually(lambda: _true(calls == 1))
+        # after the first settled (two at once may both run in atomic mode; one commits)
+        await asyncio.sleep(0.2)
+        await kit.send({"n": 1}, message_id="m-1")
+        await asyncio.sleep(0.5)
+    assert calls == 1
+    assert await kit.settled()
+    assert await kit.dead() == []
+
+
+# -- dead letters: one envelope ------------------------------------------------------
+
+
+async def test_poison_message_is_dead_lettered_with_the_envelope(kit: Kit, store: Any) -> None:
+    """A handler failing on every delivery: dead-lettered at max_deliveries, body intact,
+    the same onceonly-* headers on every broker; then acked."""
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        raise ValueError("bad amount")
+
+    await kit.send({"amount": -1}, message_id="m-1")
+    async with kit.consumer(inbox(store), handler, max_deliveries=2):
+        await eventually(lambda: dead_count(kit, 1))
+    [(body, headers)] = await kit.dead()
+    assert body == b'{"amount": -1}'
+    assert headers["onceonly-dead-reason"] == "max-deliveries"
+    assert headers["onceonly-error"] == "ValueError: bad amount"
+    assert headers["onceonly-message-id"] == "m-1"
+    assert headers["onceonly-attempts"].isdigit()
+    assert headers["onceonly-source"]
+    assert await kit.settled()
+
+
+async def test_message_without_id_is_dead_lettered_as_invalid_id(kit: Kit, store: Any) -> None:
+    """No id and no fallback: dead-lettered unrun as invalid-id (SQS: its MessageId is
+    the id, so the message runs)."""
+    calls = 0
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        nonlocal calls
+        calls += 1
+
+    await kit.send({"n": 1})
+    async with kit.consumer(inbox(store), handler):
+        if kit.always_has_id:
+            await eventually(lambda: _true(calls == 1))
+        else:
+            await eventually(lambda: dead_count(kit, 1))
+    if kit.always_has_id:
+        assert await kit.dead() == []
+    else:
+        [(_, headers)] = await kit.dead()
+        assert headers["onceonly-dead-reason"] == "invalid-id"
+        assert "onceonly-message-id" not in headers
+        assert calls == 0
+    assert await kit.settled()
+
+
+async def test_payload_mismatch_is_dead_lettered(kit: Kit, store: Any) -> None:
+    """The same id with another payload is not a duplicate: dead-lettered, not run.
+    (The id comes from a payload field: JetStream itself drops a second Nats-Msg-Id.)"""
+    seen: list[Any] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        seen.append(payload)
+
+    await kit.send({"event_id": "e-1", "amount": 1})
+    async with kit.consumer(inbox(store), handler, message_id="event_id"):
+        await eventually(lambda: _true(len(seen) == 1))
+        await kit.send({"event_id": "e-1", "amount": 2})
+        await eventually(lambda: dead_count(kit, 1))
+    [(body, headers)] = await kit.dead()
+    assert headers["onceonly-dead-reason"] == "payload-mismatch"
+    assert headers["onceonly-message-id"] == "e-1"
+    assert body == b'{"event_id": "e-1", "amount": 2}'
+    assert seen == [{"event_id": "e-1", "amount": 1}]
+
+
+async def test_deeply_nested_body_is_dead_lettered_and_the_consumer_goes_on(
+    kit: Kit, store: Any
+) -> None:
+    seen: list[Any] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        seen.append(payload)
+
+    await kit.send(body=nested(10_000), message_id="m-1")
+    await kit.send({"ok": True}, message_id="m-2")
+    async with kit.consumer(inbox(store), handler):
+        await eventually(lambda: dead_count(kit, 1))
+        await eventually(lambda: _true(seen == [{"ok": True}]))
+    [(_, headers)] = await kit.dead()
+    assert headers["onceonly-dead-reason"] == "undecodable"
+
+
+async def test_dead_letter_error_header_is_bounded_and_clean(kit: Kit, store: Any) -> None:
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        raise ValueError("line one\nline two\r\x00" + "x" * 5000)
+
+    await kit.send({"n": 1}, message_id="m-1")
+    async with kit.consumer(inbox(store), handler, max_deliveries=1):
+        await eventually(lambda: dead_count(kit, 1))
+    [(_, headers)] = await kit.dead()
+    error = headers["onceonly-error"]
+    assert error.startswith("ValueError: line one line two")
+    assert error.isprintable()
+    assert len(error) <= MAX_ERROR_CHARS
+
+
+# -- lifecycle: one semantics ----------------------------------------------------------
+
+
+async def test_graceful_stop_lets_the_running_handler_finish(kit: Kit, store: Any) -> None:
+    started = asyncio.Event()
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        started.set()
+        await asyncio.sleep(0.5)
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", ("slow",))
+
+    await kit.send({"n": 1}, message_id="m-1")
+    c = kit.consumer(inbox(store), handler)
+    task = asyncio.ensure_future(c.run())
+    await asyncio.wait_for(started.wait(), 10)
+    await c.stop()
+    assert task.done()
+    await task
+    assert await ledger(store) == ["slow"]
+    assert await kit.settled()
+
+
+async def test_stop_past_shutdown_timeout_rolls_back_and_hands_back(kit: Kit, store: Any) -> None:
+    started = asyncio.Event()
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", ("slow",))
+        started.set()
+        await asyncio.sleep(30)
+
+    await kit.send({"n": 1}, message_id="m-1")
+    c = kit.consumer(inbox(store), handler, shutdown_timeout=0.2)
+    task = asyncio.ensure_future(c.run())
+    await asyncio.wait_for(started.wait(), 10)
+    await c.stop()
+    await task
+    assert await ledger(store) == []
+    assert not await kit.settled()  # still the broker's, for the next consumer
+    assert await kit.dead() == []
+
+
+async def test_one_run_at_a_time_and_stop_before_start(kit: Kit, store: Any) -> None:
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        return None
+
+    c = kit.consumer(inbox(store), handler)
+    task = asyncio.ensure_future(c.run())
+    await c.stop()  # before run() started: that run returns at once
+    await asyncio.wait_for(task, 5)
+    c = kit.consumer(inbox(store), handler)
+    async with c:
+        with pytest.raises(RuntimeError, match="already running"):
+            await c.run()
+    async with c:  # a stopped consumer runs again
+        pass

@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: MIT
+"""The consumer loop's own rules, on the in-memory broker (onceonly.testing): what the
+contract suite cannot provoke on a real broker without breaking it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import pytest
+
+import onceonly
+from onceonly._core.deadletter import envelope
+from onceonly._core.settle import Action, Verdict
+from onceonly.brokers._transport import Incoming
+from onceonly.testing import MemoryBroker, MemoryConsumer
+
+pytestmark = pytest.mark.timeout(20)
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[Any]:
+    s = onceonly.open_async_store("memory://")
+    yield s
+    await s.close()
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+def consumer(store: Any, broker: MemoryBroker, handler: Any, **kw: Any) -> MemoryConsumer:
+    kw.setdefault("retry_delay", 0.01)
+    kw.setdefault("max_backoff", 0.05)
+    inbox = onceonly.AsyncInbox(store, consumer="loop")
+    return MemoryConsumer(inbox, handler, broker=broker, queue="q", **kw)
+
+
+def test_envelope_is_one_set_of_headers() -> None:
+    """The dead-letter headers: the original ones minus the broker's, plus onceonly-*."""
+    v = Verdict(Action.DEAD_LETTER, "dead-lettered", "ValueError: x\ny", attempts=3)
+    headers = envelope(
+        {"trace": "t", "x-delivery-count": 4, "onceonly-message-id": "old"},
+        v,
+        None,
+        "orders",
+        drop=lambda k: k == "x-delivery-count",
+    )
+    assert headers == {
+        "trace": "t",
+        "onceonly-dead-reason": "dead-lettered",
+        "onceonly-error": "ValueError: x y",
+        "onceonly-attempts": "3",
+        "onceonly-source": "orders",
+    }
+
+
+async def test_a_failed_dead_letter_is_not_acked_and_comes_back(store: Any) -> None:
+    broker = MemoryBroker()
+    broker.fail_dead_letters = 2
+    broker.send("q", {"n": 1})  # no id: dead-lettered as invalid-id
+    async with consumer(store, broker, lambda p, tx: None):
+        await eventually(lambda: bool(broker.dead_letters.get("q.dead")))
+    [dead] = broker.dead_letters["q.dead"]
+    assert dead.headers["onceonly-dead-reason"] == "invalid-id"
+    assert [m.deliveries for m in broker.acked["q"]] == [3]  # two failed publishes first
+    assert broker.depth("q") == 0
+
+
+async def test_a_delivery_past_max_deliveries_is_dead_lettered_unrun(store: Any) -> None:
+    broker = MemoryBroker()
+    calls = 0
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        nonlocal calls
+        calls += 1
+
+    broker.send("q", {"n": 1}, message_id="m-1")
+    broker.queue("q").ready[0].deliveries = 3  # crashed three times already
+    async with consumer(store, broker, handler, max_deliveries=3):
+        await eventually(lambda: bool(broker.dead_letters.get("q.dead")))
+    [dead] = broker.dead_letters["q.dead"]
+    assert dead.headers["onceonly-dead-reason"] == "max-deliveries"
+    assert dead.headers["onceonly-message-id"] == "m-1"
+    assert calls == 0
+
+
+async def test_concurrency_bounds_the_running_handlers(store: Any) -> None:
+    broker = MemoryBroker()
+    running = most = done = 0
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        nonlocal running, most, done
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+        done += 1
+
+    for i in range(20):
+        broker.send("q", {"i": i}, message_id=f"m-{i}")
+    async with consumer(store, broker, handler, concurrency=3):
+        await eventually(lambda: done == 20)
+    assert most == 3
+
+
+async def test_an_ack_that_fails_is_retried_not_lost(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The catch-all: a settlement that raises hands the delivery back; the inbox then
+    replays it and the next ack goes through."""
+    from onceonly.brokers._memory import MemoryTransport
+
+    broker = MemoryBroker()
+    calls = 0
+    real_ack = MemoryTransport.ack
+    failures = [RuntimeError("connection lost")]
+
+    async def ack(self: MemoryTransport, d: Incoming) -> None:
+        if failures:
+            raise failures.pop()
+        await real_ack(self, d)
+
+    monkeypatch.setattr(MemoryTransport, "ack", ack)
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        nonlocal calls
+        calls += 1
+
+    broker.send("q", {"n": 1}, message_id="m-1")
+    async with consumer(store, broker, handler):
+        await eventually(lambda: bool(broker.acked.get("q")))
+    assert calls == 1  # the second delivery replayed the committed outcome
+    assert [m.deliveries for m in broker.acked["q"]] == [2]
+
+
+async def test_leases_of_running_handlers_are_extended(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onceonly.brokers._memory import MemoryTransport
+
+    extended: list[list[str | None]] = []
+
+    async def extend(self: MemoryTransport, ds: Sequence[Incoming]) -> None:
+        extended.append([d.broker_id for d in ds])
+
+    monkeypatch.setattr(MemoryTransport, "extend", extend)
+    monkeypatch.setattr(MemoryTransport, "extend_every", 0.05)
+    broker = MemoryBroker()
+    finished = asyncio.Event()
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        await asyncio.sleep(0.3)
+        finished.set()
+
+    broker.send("q", {"n": 1}, message_id="m-1")
+    async with consumer(store, broker, handler):
+        await asyncio.wait_for(finished.wait(), 5)
+    assert ["m-1"] in extended
+
+
+async def _run_and_cancel(c: MemoryConsumer, started: Awaitable[Any]) -> None:
+    task = asyncio.ensure_future(c.run())
+    await asyncio.wait_for(started, 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_cancelled_run_hands_its_deliveries_back(store: Any) -> None:
+    broker = MemoryBroker()
+    started = asyncio.Event()
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    broker.send("q", {"n": 1}, message_id="m-1")
+    await _run_and_cancel(consumer(store, broker, handler), started.wait())
+    assert len(broker.queue("q").ready) == 1
+    assert broker.acked.get("q") is None
