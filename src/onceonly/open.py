@@ -40,41 +40,26 @@ def _scheme(url: str) -> str:
     return urllib.parse.urlsplit(url).scheme.lower()
 
 
-def _postgres_module(name: str) -> Any:
-    try:
-        import importlib
+# What each store module needs, and how to get it: (the missing module's name contains
+# this, the database's name, the extra).
+_EXTRAS = {
+    "postgres": ("psycopg", "PostgreSQL", "postgres"),
+    "redis_store": ("redis", "Redis", "redis"),
+    "mysql": ("mysql", "MariaDB/MySQL", "mysql"),
+}
 
+
+def _store_module(name: str) -> Any:
+    """``onceonly.stores.<name>``; a missing driver names the extra that installs it."""
+    import importlib
+
+    try:
         return importlib.import_module(f"onceonly.stores.{name}")
     except ImportError as exc:
-        if "psycopg" in str(exc):
+        needle, label, extra = _EXTRAS[name.removesuffix("_async")]
+        if needle in str(exc).lower():
             raise ConfigurationError(
-                "PostgreSQL needs the postgres extra: pip install 'onceonly[postgres]'"
-            ) from exc
-        raise
-
-
-def _redis_module(name: str) -> Any:
-    try:
-        import importlib
-
-        return importlib.import_module(f"onceonly.stores.{name}")
-    except ImportError as exc:
-        if "redis" in str(exc):
-            raise ConfigurationError(
-                "Redis needs the redis extra: pip install 'onceonly[redis]'"
-            ) from exc
-        raise
-
-
-def _mysql_module(name: str) -> Any:
-    try:
-        import importlib
-
-        return importlib.import_module(f"onceonly.stores.{name}")
-    except ImportError as exc:
-        if "mysql" in str(exc).lower():
-            raise ConfigurationError(
-                "MariaDB/MySQL needs the mysql extra: pip install 'onceonly[mysql]'"
+                f"{label} needs the {extra} extra: pip install 'onceonly[{extra}]'"
             ) from exc
         raise
 
@@ -136,17 +121,17 @@ def _open(url: str, options: dict[str, Any]) -> Store:
         _check_options(MemoryStore, options, url, skip=("url",))
         return MemoryStore(url=url, **options)
     if scheme in _POSTGRES:
-        mod = _postgres_module("postgres")
+        mod = _store_module("postgres")
         _check_options(mod.PostgresStore, options, url, skip=("pool",))
         pg: Store = mod.PostgresStore(_pg_conninfo(url), **options)
         return pg
     if scheme in _REDIS:
-        mod = _redis_module("redis_store")
+        mod = _store_module("redis_store")
         _check_options(mod.RedisStore, options, url, skip=())
         rs: Store = mod.RedisStore(url, **options)
         return rs
     if scheme in _MYSQL:
-        mod = _mysql_module("mysql")
+        mod = _store_module("mysql")
         _check_options(mod.MySQLStore, options, url, skip=())
         my: Store = mod.MySQLStore(url, **options)
         return my
@@ -167,17 +152,17 @@ def open_async_store(url: str, **options: Any) -> AsyncStore:
     """
     scheme = _scheme(url)
     if scheme in _POSTGRES:
-        mod = _postgres_module("postgres_async")
+        mod = _store_module("postgres_async")
         _check_options(mod.AsyncPostgresStore, options, url, skip=("pool",))
         pg: AsyncStore = mod.AsyncPostgresStore(_pg_conninfo(url), **options)
         return pg
     if scheme in _REDIS:
-        mod = _redis_module("redis_store_async")
+        mod = _store_module("redis_store_async")
         _check_options(mod.AsyncRedisStore, options, url, skip=())
         rs: AsyncStore = mod.AsyncRedisStore(url, **options)
         return rs
     if scheme in _MYSQL:
-        mod = _mysql_module("mysql_async")
+        mod = _store_module("mysql_async")
         _check_options(mod.AsyncMySQLStore, options, url, skip=())
         my: AsyncStore = mod.AsyncMySQLStore(url, **options)
         return my

@@ -21,7 +21,9 @@ default since 9.1): a backslash there is an ordinary character.
 from __future__ import annotations
 
 import re
+from typing import Any
 
+from onceonly._core.state import Write
 from onceonly.errors import ConfigurationError
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -150,3 +152,24 @@ def qmark_to_format(sql: str) -> str:
             word = i
         i += 1
     return "".join(out)
+
+
+def write_values(scope: str, key: str, write: Write) -> tuple[Any, ...]:
+    """The bound values of a row written from ``write``, in the records table's column
+    order (scope, key, state, fingerprint, token, attempts, lease seconds, result, error,
+    payload, checkpoint, completed, ttl seconds): the SQL stores' inserts share it."""
+    return (
+        scope,
+        key,
+        write.state.value,
+        write.fingerprint,
+        write.token,
+        write.attempts,
+        None if write.lease_seconds is None else float(write.lease_seconds),
+        write.result,
+        write.error,
+        write.payload,
+        write.checkpoint,
+        write.completed,
+        None if write.ttl_seconds is None else float(write.ttl_seconds),
+    )

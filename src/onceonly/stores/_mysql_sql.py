@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from onceonly._core.sql import write_values
 from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError
 
@@ -214,23 +215,7 @@ def record(row: Sequence[Any]) -> Record:
     )  # fmt: skip
 
 
-def claim_values(scope: str, key: str, write: Write) -> tuple[Any, ...]:
-    """The bound values of ``claim`` (in ``COLUMNS`` order)."""
-    return (
-        scope,
-        key,
-        write.state.value,
-        write.fingerprint,
-        write.token,
-        write.attempts,
-        None if write.lease_seconds is None else float(write.lease_seconds),
-        write.result,
-        write.error,
-        write.payload,
-        write.checkpoint,
-        write.completed,
-        None if write.ttl_seconds is None else float(write.ttl_seconds),
-    )
+claim_values = write_values
 
 
 def update_values(scope: str, key: str, write: Write, expect: Expect) -> tuple[Any, ...]:

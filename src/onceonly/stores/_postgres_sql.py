@@ -24,6 +24,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "the PostgreSQL store needs psycopg 3 and psycopg-pool: pip install 'onceonly[postgres]'"
     ) from exc
 
+from onceonly._core.sql import write_values
 from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError
 
@@ -220,23 +221,7 @@ def _written(scope: str, key: str, write: Write, now: float, created_at: float) 
     )  # fmt: skip
 
 
-def _write_values(scope: str, key: str, write: Write) -> tuple[Any, ...]:
-    """The bound values of ``_INSERT_VALUES`` (and the SET list of ``update``)."""
-    return (
-        scope,
-        key,
-        write.state.value,
-        write.fingerprint,
-        write.token,
-        write.attempts,
-        None if write.lease_seconds is None else float(write.lease_seconds),
-        write.result,
-        write.error,
-        write.payload,
-        write.checkpoint,
-        write.completed,
-        None if write.ttl_seconds is None else float(write.ttl_seconds),
-    )
+_write_values = write_values
 
 
 def _update_values(scope: str, key: str, write: Write, expect: Expect) -> tuple[Any, ...]:
