@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [
     "src/onceonly/tx_async.py",
     "src/onceonly/inbox_batch_async.py",
+    "src/onceonly/inbox_failures_async.py",
     "src/onceonly/inbox_async.py",
     "src/onceonly/leased_async.py",
     "src/onceonly/stores/postgres_session_async.py",
@@ -28,6 +29,8 @@ SOURCES = [
     "src/onceonly/relay_async.py",
     "src/onceonly/stores/postgres_admin_async.py",
     "src/onceonly/stores/postgres_partitions_async.py",
+    "src/onceonly/stores/postgres_schema_async.py",
+    "src/onceonly/stores/postgres_pool_async.py",
     "src/onceonly/admin_async.py",
     "src/onceonly/stores/redis_store_async.py",
     "src/onceonly/stores/tiered_async.py",

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from onceonly import _acompat
 from onceonly._core import codec
-from onceonly._core.attempts import precount_write, precounted_run, recount_write, uncount_write
+from onceonly._core.attempts import precounted_run
 from onceonly._core.fingerprint import Fingerprinter, fingerprint
 from onceonly._core.keys import validate_key
 from onceonly._core.state import (
@@ -43,13 +43,13 @@ from onceonly.errors import (
     OnceOnlyError,
     PayloadMismatch,
     StoreUnavailable,
-    TransactionEnded,
 )
 from onceonly.events import EventHook, Listener, Observation
 from onceonly.inbox_batch_async import BatchItem, process_batch
+from onceonly.inbox_failures_async import precount, record_failure, uncount
 from onceonly.messaging import Delivery
 from onceonly.outbox_async import AsyncOutbox
-from onceonly.outcome import Outcome, failure_write, new_token, replayed_result, seconds
+from onceonly.outcome import Outcome, new_token, replayed_result, seconds
 from onceonly.tx_async import AsyncTx
 from onceonly.types import AsyncStore
 
@@ -61,9 +61,6 @@ T = TypeVar("T")
 
 # Handlers shorter than this fraction of the ttl keep the claim's expires_at (spec §1.1).
 _RESTAMP_FRACTION = 0.001
-# Bounded re-reads when a concurrent writer keeps changing the row under us.
-_PRECOUNT_RACES = 3
-_RECOUNT_RACES = 3
 
 
 class AsyncInbox:
@@ -240,7 +237,7 @@ class AsyncInbox:
         fp = fingerprint(payload, custom=self._fingerprint, fields=self._fields)
         scope = self.consumer
         deadline = _acompat.monotonic() + self.wait
-        own = await self._precount(key, fp) if self.precount_attempts else None
+        own = await precount(self, key, fp) if self.precount_attempts else None
         while True:
             token = new_token()
             claimed: Record | None = None
@@ -317,7 +314,7 @@ class AsyncInbox:
                         return Outcome(result, False, key, attempt)
             except HandlerFailed as failed:
                 if failed.transient:
-                    await self._uncount(key, own)
+                    await uncount(self, key, own)
                     if not isinstance(failed.exc, Exception):
                         raise failed.exc from None  # a cancellation stays one (not counted)
                     raise StoreUnavailable(
@@ -348,100 +345,9 @@ class AsyncInbox:
         """
         return self.ttl is not None and elapsed > self.ttl * _RESTAMP_FRACTION
 
-    async def _precount(self, key: str, fp: str | None) -> int | None:
-        """Count this attempt before running it, in its own autocommit write (opt-in).
-
-        A worker that dies inside the handler commits nothing in atomic mode, so without
-        this the attempt is never counted. The mark is a ``failed`` record under a token
-        of ours; the transaction recognises it and overwrites it on success. Returns that
-        token, or ``None`` when no mark was written (the transaction decides alone).
-        """
-        scope = self.consumer
-        for _ in range(_PRECOUNT_RACES):
-            token = new_token()
-            async with self.store.session() as session:
-                mark = precount_write(None, 0.0, fp, self.policy, token)
-                assert mark.write is not None
-                snap = await session.claim(scope, key, mark.write)
-                if snap.inserted:
-                    return token
-                decision = precount_write(snap.record, snap.now, fp, self.policy, token)
-                if decision.write is None:
-                    return None
-                assert decision.expect is not None
-                if await session.update(scope, key, decision.expect, decision.write):
-                    return token
-        return None
-
-    async def _uncount(self, key: str, own: int | None) -> None:
-        """Give back a precounted attempt that a transient store error interrupted."""
-        if own is None:
-            return
-        try:
-            async with self.store.session() as session:
-                snap = await session.get(self.consumer, key)
-                if snap.record is not None and is_own_mark(snap.record, own):
-                    await session.update(
-                        self.consumer, key, Expect(own, State.FAILED), uncount_write(snap.record)
-                    )
-        except OnceOnlyError:
-            log.warning("%s/%s: a precounted attempt could not be given back", self.consumer, key)
-
     async def _record_failure(self, failed: HandlerFailed, payload: Any, connection: Any) -> None:
-        """Store the failed run in a transaction of its own, conditional on the version the
-        claim was decided from. If that version moved on (a concurrent run), the failure
-        is still counted on the current record unless it completed or died."""
-        exc, claimed = failed.exc, failed.claimed
-        if not isinstance(exc, Exception):
-            return  # KeyboardInterrupt, cancellation: not the message's fault
-        scope, key = claimed.scope, claimed.key
-        write = failure_write(
-            claimed,
-            exc,
-            payload=payload,
-            keep_payload=self.keep_payload,
-            cache_errors=self.cache_errors,
-            ttl=self.ttl,
-            max_attempts=self.policy.max_attempts,
-            max_bytes=self.max_result_bytes,
-        )
-        stored: Record | None = None
-        try:
-            async with self.store.transaction(connection, lock_wait=self.wait) as session:
-                if failed.seen is None:
-                    stored = await session.insert(scope, key, write)
-                else:
-                    stored = await session.update(scope, key, failed.seen, write)
-                if stored is None and isinstance(exc, TransactionEnded):
-                    # The handler committed the claim itself (written completed, with our
-                    # token): that completion is not a success, so turn it into a failure.
-                    stored = await session.update(
-                        scope, key, Expect(claimed.token, State.COMPLETED), write
-                    )
-                for _ in range(_RECOUNT_RACES):
-                    if stored is not None:
-                        break
-                    snap = await session.get(scope, key)
-                    recount = recount_write(
-                        snap.record, snap.now, write.error or "", new_token(), self.policy
-                    )
-                    if recount is None:
-                        break  # it completed or died meanwhile: nothing to count on
-                    stored = await session.update(scope, key, recount[0], recount[1])
-        except OnceOnlyError:
-            log.exception("could not record the failure of %s/%s", scope, key)
-            return
-        if stored is None:
-            log.info("%s/%s moved on while failing; the failure is not recorded", scope, key)
-        else:
-            log.warning(
-                "%s/%s attempt %d failed (%s); state %s",
-                scope,
-                key,
-                failed.attempt,
-                write.error,
-                stored.state.value,
-            )
+        """Store a failed run after its transaction rolled back (a seam for tests)."""
+        await record_failure(self, failed, payload, connection)
 
     async def process_batch(
         self,

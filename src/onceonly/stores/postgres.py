@@ -36,7 +36,6 @@ so SQL run directly on ``session.connection`` before it is still inside the tran
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
@@ -46,21 +45,19 @@ try:
     import psycopg
     from psycopg import sql
     from psycopg.pq import TransactionStatus
-    from psycopg_pool import ConnectionPool, PoolTimeout
+    from psycopg_pool import ConnectionPool
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "the PostgreSQL store needs psycopg 3 and psycopg-pool: pip install 'onceonly[postgres]'"
     ) from exc
 
 from onceonly._core.sql import validate_identifier
-from onceonly._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
-from onceonly._outbox_sql import OutboxSQL
 from onceonly.errors import (
     ConfigurationError,
     StoreError,
-    StoreUnavailable,
 )
-from onceonly.stores._postgres_conninfo import _conninfo, _describe, _is_local, _libpq_seconds
+from onceonly.stores._postgres_conninfo import _conninfo, _is_local, _libpq_seconds
+from onceonly.stores._postgres_errors import _DriverErrors
 from onceonly.stores._postgres_partitioned import check_period, check_table, records_ddl
 from onceonly.stores._postgres_partitioned import statements as partitioned_statements
 from onceonly.stores._postgres_sql import (
@@ -69,13 +66,19 @@ from onceonly.stores._postgres_sql import (
     _Statements,
 )
 from onceonly.stores.postgres_partitions import PostgresPartitions
+from onceonly.stores.postgres_pool import PooledConnections
 from onceonly.stores.postgres_psycopg2 import is_psycopg2, joined
+from onceonly.stores.postgres_schema import (
+    SCHEMA_TABLE,
+    create_tables,
+    is_partitioned,
+    table_exists,
+)
 from onceonly.stores.postgres_session import (
     _AUTOCOMMIT,
     _IDLE,
     _INTRANS,
     PostgresSession,
-    _DriverErrors,
     _Transaction,
 )
 
@@ -88,17 +91,12 @@ log = logging.getLogger(__name__)
 # fallback: an application that configures logging still receives the records.
 logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
-SCHEMA_VERSION = 1
-SCHEMA_TABLE = "onceonly_schema"
 # pg_advisory_xact_lock key serialising migrations ("onceonly" in ASCII).
 _MIGRATE_LOCK = 0x6F6E63656F6E6C79
-# Pooled connections idle at least this long are checked (one round trip) at checkout.
-_CHECK_IDLE_AFTER = 1.0
-_RETURNED_MAX = 4096
 # Fallback reads after a claim that raced a committing insert, before giving up.
 
 
-class PostgresStore:
+class PostgresStore(PooledConnections):
     """Records in a PostgreSQL table, through a psycopg-pool connection pool.
 
     Args:
@@ -296,12 +294,7 @@ class PostgresStore:
 
     def _detect_layout(self, conn: psycopg.Connection[Any]) -> bool:
         """Use the statements of the table's layout; whether it is partitioned."""
-        cur = conn.execute(
-            "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
-            (sql.Identifier(self.table).as_string(),),
-        )
-        row = cur.fetchone()
-        partitioned = row is not None and row[0] == "p"
+        partitioned = is_partitioned(conn, self.table)
         if partitioned != self._statements.partitioned:
             self._statements = (
                 partitioned_statements(self.table)
@@ -313,51 +306,20 @@ class PostgresStore:
     def _create_tables(self, conn: psycopg.Connection[Any], partitioned: bool) -> None:
         """The DDL of :meth:`migrate`, inside its transaction."""
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
-        exists = self._detect_layout(conn) or self._table_exists(conn)
+        exists = self._detect_layout(conn) or table_exists(conn, self.table)
         if partitioned and exists and not self._statements.partitioned:
             raise ConfigurationError(
                 f"table {self.table!r} exists and is not partitioned; onceonly does not "
                 "convert a table: migrate a new table with partitioned=True, or keep this "
                 "one and purge it (onceonly.Admin(store).purge())"
             )
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} "
-                "(component text PRIMARY KEY, version integer NOT NULL)"
-            ).format(sql.Identifier(SCHEMA_TABLE))
-        )
-        cur = conn.execute(
-            sql.SQL("SELECT version FROM {} WHERE component = %s").format(
-                sql.Identifier(SCHEMA_TABLE)
-            ),
-            (self._component,),
-        )
-        row = cur.fetchone()
-        if row is not None and row[0] > SCHEMA_VERSION:
-            raise ConfigurationError(
-                f"table {self.table!r} has schema version {row[0]}; this onceonly "
-                f"knows up to {SCHEMA_VERSION}: upgrade onceonly"
-            )
         layout = partitioned or self._statements.partitioned
-        for ddl in records_ddl(self.table) if layout else _records_ddl(self.table):
-            conn.execute(ddl)
-        record_version = sql.SQL(
-            "INSERT INTO {} (component, version) VALUES (%s, %s) "
-            "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version "
-            "WHERE {}.version < EXCLUDED.version"
-        ).format(sql.Identifier(SCHEMA_TABLE), sql.Identifier(SCHEMA_TABLE))
-        conn.execute(record_version, (self._component, SCHEMA_VERSION))
-        if self.outbox_table is not None:
-            for outbox_ddl in OutboxSQL(self.dialect, self.outbox_table).migrate():
-                conn.execute(outbox_ddl)
-            conn.execute(record_version, (f"outbox:{self.outbox_table}", OUTBOX_SCHEMA_VERSION))
-
-    def _table_exists(self, conn: psycopg.Connection[Any]) -> bool:
-        cur = conn.execute(
-            "SELECT to_regclass(%s) IS NOT NULL", (sql.Identifier(self.table).as_string(),)
+        create_tables(
+            conn,
+            self.table,
+            self.outbox_table,
+            records_ddl(self.table) if layout else _records_ddl(self.table),
         )
-        row = cur.fetchone()
-        return bool(row and row[0])
 
     def schema_version(self) -> int | None:
         """The recorded schema version of this store's table, or ``None`` before migrate()."""
@@ -376,80 +338,6 @@ class PostgresStore:
                 )
                 row = cur.fetchone()
         return None if row is None else int(row[0])
-
-    def _checkout(self, *, autocommit: bool) -> tuple[psycopg.Connection[Any], bool]:
-        """A pooled connection set to ``autocommit``, and its setting to restore."""
-        if self._closed or not self._opened:
-            self.open()
-        if not self._connected_once:
-            conn = self._first_connection()
-        else:
-            with _DriverErrors():
-                conn = self._pool.getconn()
-        original = conn.autocommit
-        if original != autocommit:
-            conn.set_autocommit(autocommit)
-        return conn, original
-
-    def _first_connection(self) -> psycopg.Connection[Any]:
-        """The first checkout, bounded by ``connect_timeout``; on failure, the cause."""
-        try:
-            with _DriverErrors():
-                conn: psycopg.Connection[Any] = self._pool.getconn(timeout=self.connect_timeout)
-        except StoreUnavailable as exc:
-            if isinstance(exc.__cause__, PoolTimeout):
-                raise StoreUnavailable(self._why_unreachable()) from None
-            raise
-        self._connected_once = True
-        if conn.autocommit:  # a pool of the caller's may hand out a non-autocommit one
-            with _DriverErrors():
-                self._detect_layout(conn)
-        return conn
-
-    def _why_unreachable(self) -> str:
-        """Connect once, directly, to learn why the pool could not (no password shown)."""
-        where = _describe(self.conninfo)
-        try:
-            conn = psycopg.Connection.connect(
-                self.conninfo, connect_timeout=_libpq_seconds(self.connect_timeout)
-            )
-        except psycopg.Error as exc:
-            cause = " ".join(str(exc).split())
-            return f"cannot connect to PostgreSQL ({where}): {cause}"
-        conn.close()
-        return (
-            f"no connection to PostgreSQL ({where}) within {self.connect_timeout:g}s: the "
-            "server answers now, but the pool could not connect in time (max_size, load?)"
-        )
-
-    def _checkin(self, conn: psycopg.Connection[Any], autocommit: bool) -> None:
-        """Give ``conn`` back to the pool with its ``autocommit`` setting restored."""
-        try:
-            if conn.autocommit != autocommit and conn.pgconn.transaction_status == _IDLE:
-                conn.set_autocommit(autocommit)
-        finally:
-            returned = getattr(self, "_returned", None)
-            if returned is not None:
-                if len(returned) > _RETURNED_MAX:
-                    returned.clear()  # ids of long-gone connections; a clear costs checks
-                returned[id(conn)] = time.monotonic()
-            self._pool.putconn(conn)
-
-    def _check_if_idle(self, conn: psycopg.Connection[Any]) -> None:
-        """The pool's check at checkout: a round trip, so only for a connection that sat
-        idle long enough for the server to have dropped it (a busy one just proved it is
-        alive; a dropped one would otherwise fail the claim or completion it carries)."""
-        returned = self._returned.get(id(conn))
-        if returned is None or time.monotonic() - returned >= _CHECK_IDLE_AFTER:
-            ConnectionPool.check_connection(conn)
-
-    @contextmanager
-    def _connection(self, *, autocommit: bool) -> Iterator[psycopg.Connection[Any]]:
-        conn, original = self._checkout(autocommit=autocommit)
-        try:
-            yield conn
-        finally:
-            self._checkin(conn, original)
 
     def transaction(
         self, connection: psycopg.Connection[Any] | None = None, *, lock_wait: float = 5.0

@@ -31,9 +31,9 @@ from onceonly._core.admin import PurgeRule, Query, ScopeStats
 from onceonly._core.admin_sql import purge_predicates, query_predicate, stats_from_rows
 from onceonly._core.sql import qmark_to_format
 from onceonly._core.state import Expect, Record
+from onceonly.stores._postgres_errors import _DriverErrors
 from onceonly.stores._postgres_sql import _RETURNING, _record
 from onceonly.stores.postgres_async import _MIGRATE_LOCK
-from onceonly.stores.postgres_session_async import _DriverErrors
 
 if TYPE_CHECKING:
     from onceonly.stores.postgres_async import AsyncPostgresStore

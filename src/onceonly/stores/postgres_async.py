@@ -35,7 +35,6 @@ so SQL run directly on ``session.connection`` before it is still inside the tran
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import timedelta
@@ -45,21 +44,19 @@ try:
     import psycopg
     from psycopg import sql
     from psycopg.pq import TransactionStatus
-    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+    from psycopg_pool import AsyncConnectionPool
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "the PostgreSQL store needs psycopg 3 and psycopg-pool: pip install 'onceonly[postgres]'"
     ) from exc
 
 from onceonly._core.sql import validate_identifier
-from onceonly._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
-from onceonly._outbox_sql import OutboxSQL
 from onceonly.errors import (
     ConfigurationError,
     StoreError,
-    StoreUnavailable,
 )
-from onceonly.stores._postgres_conninfo import _conninfo, _describe, _is_local, _libpq_seconds
+from onceonly.stores._postgres_conninfo import _conninfo, _is_local, _libpq_seconds
+from onceonly.stores._postgres_errors import _DriverErrors
 from onceonly.stores._postgres_partitioned import check_period, check_table, records_ddl
 from onceonly.stores._postgres_partitioned import statements as partitioned_statements
 from onceonly.stores._postgres_sql import (
@@ -68,6 +65,13 @@ from onceonly.stores._postgres_sql import (
     _Statements,
 )
 from onceonly.stores.postgres_partitions_async import AsyncPostgresPartitions
+from onceonly.stores.postgres_pool_async import AsyncPooledConnections
+from onceonly.stores.postgres_schema_async import (
+    SCHEMA_TABLE,
+    create_tables,
+    is_partitioned,
+    table_exists,
+)
 
 # unasync: add from onceonly.stores.postgres_psycopg2 import is_psycopg2, joined
 from onceonly.stores.postgres_session_async import (
@@ -75,7 +79,6 @@ from onceonly.stores.postgres_session_async import (
     _IDLE,
     _INTRANS,
     AsyncPostgresSession,
-    _DriverErrors,
     _Transaction,
 )
 
@@ -88,17 +91,12 @@ log = logging.getLogger(__name__)
 # fallback: an application that configures logging still receives the records.
 logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
-SCHEMA_VERSION = 1
-SCHEMA_TABLE = "onceonly_schema"
 # pg_advisory_xact_lock key serialising migrations ("onceonly" in ASCII).
 _MIGRATE_LOCK = 0x6F6E63656F6E6C79
-# Pooled connections idle at least this long are checked (one round trip) at checkout.
-_CHECK_IDLE_AFTER = 1.0
-_RETURNED_MAX = 4096
 # Fallback reads after a claim that raced a committing insert, before giving up.
 
 
-class AsyncPostgresStore:
+class AsyncPostgresStore(AsyncPooledConnections):
     """Records in a PostgreSQL table, through a psycopg-pool connection pool.
 
     Args:
@@ -297,12 +295,7 @@ class AsyncPostgresStore:
 
     async def _detect_layout(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         """Use the statements of the table's layout; whether it is partitioned."""
-        cur = await conn.execute(
-            "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
-            (sql.Identifier(self.table).as_string(),),
-        )
-        row = await cur.fetchone()
-        partitioned = row is not None and row[0] == "p"
+        partitioned = await is_partitioned(conn, self.table)
         if partitioned != self._statements.partitioned:
             self._statements = (
                 partitioned_statements(self.table)
@@ -314,53 +307,20 @@ class AsyncPostgresStore:
     async def _create_tables(self, conn: psycopg.AsyncConnection[Any], partitioned: bool) -> None:
         """The DDL of :meth:`migrate`, inside its transaction."""
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
-        exists = await self._detect_layout(conn) or await self._table_exists(conn)
+        exists = await self._detect_layout(conn) or await table_exists(conn, self.table)
         if partitioned and exists and not self._statements.partitioned:
             raise ConfigurationError(
                 f"table {self.table!r} exists and is not partitioned; onceonly does not "
                 "convert a table: migrate a new table with partitioned=True, or keep this "
                 "one and purge it (onceonly.Admin(store).purge())"
             )
-        await conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} "
-                "(component text PRIMARY KEY, version integer NOT NULL)"
-            ).format(sql.Identifier(SCHEMA_TABLE))
-        )
-        cur = await conn.execute(
-            sql.SQL("SELECT version FROM {} WHERE component = %s").format(
-                sql.Identifier(SCHEMA_TABLE)
-            ),
-            (self._component,),
-        )
-        row = await cur.fetchone()
-        if row is not None and row[0] > SCHEMA_VERSION:
-            raise ConfigurationError(
-                f"table {self.table!r} has schema version {row[0]}; this onceonly "
-                f"knows up to {SCHEMA_VERSION}: upgrade onceonly"
-            )
         layout = partitioned or self._statements.partitioned
-        for ddl in records_ddl(self.table) if layout else _records_ddl(self.table):
-            await conn.execute(ddl)
-        record_version = sql.SQL(
-            "INSERT INTO {} (component, version) VALUES (%s, %s) "
-            "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version "
-            "WHERE {}.version < EXCLUDED.version"
-        ).format(sql.Identifier(SCHEMA_TABLE), sql.Identifier(SCHEMA_TABLE))
-        await conn.execute(record_version, (self._component, SCHEMA_VERSION))
-        if self.outbox_table is not None:
-            for outbox_ddl in OutboxSQL(self.dialect, self.outbox_table).migrate():
-                await conn.execute(outbox_ddl)
-            await conn.execute(
-                record_version, (f"outbox:{self.outbox_table}", OUTBOX_SCHEMA_VERSION)
-            )
-
-    async def _table_exists(self, conn: psycopg.AsyncConnection[Any]) -> bool:
-        cur = await conn.execute(
-            "SELECT to_regclass(%s) IS NOT NULL", (sql.Identifier(self.table).as_string(),)
+        await create_tables(
+            conn,
+            self.table,
+            self.outbox_table,
+            records_ddl(self.table) if layout else _records_ddl(self.table),
         )
-        row = await cur.fetchone()
-        return bool(row and row[0])
 
     async def schema_version(self) -> int | None:
         """The recorded schema version of this store's table, or ``None`` before migrate()."""
@@ -379,82 +339,6 @@ class AsyncPostgresStore:
                 )
                 row = await cur.fetchone()
         return None if row is None else int(row[0])
-
-    async def _checkout(self, *, autocommit: bool) -> tuple[psycopg.AsyncConnection[Any], bool]:
-        """A pooled connection set to ``autocommit``, and its setting to restore."""
-        if self._closed or not self._opened:
-            await self.open()
-        if not self._connected_once:
-            conn = await self._first_connection()
-        else:
-            with _DriverErrors():
-                conn = await self._pool.getconn()
-        original = conn.autocommit
-        if original != autocommit:
-            await conn.set_autocommit(autocommit)
-        return conn, original
-
-    async def _first_connection(self) -> psycopg.AsyncConnection[Any]:
-        """The first checkout, bounded by ``connect_timeout``; on failure, the cause."""
-        try:
-            with _DriverErrors():
-                conn: psycopg.AsyncConnection[Any] = await self._pool.getconn(
-                    timeout=self.connect_timeout
-                )
-        except StoreUnavailable as exc:
-            if isinstance(exc.__cause__, PoolTimeout):
-                raise StoreUnavailable(await self._why_unreachable()) from None
-            raise
-        self._connected_once = True
-        if conn.autocommit:  # a pool of the caller's may hand out a non-autocommit one
-            with _DriverErrors():
-                await self._detect_layout(conn)
-        return conn
-
-    async def _why_unreachable(self) -> str:
-        """Connect once, directly, to learn why the pool could not (no password shown)."""
-        where = _describe(self.conninfo)
-        try:
-            conn = await psycopg.AsyncConnection.connect(
-                self.conninfo, connect_timeout=_libpq_seconds(self.connect_timeout)
-            )
-        except psycopg.Error as exc:
-            cause = " ".join(str(exc).split())
-            return f"cannot connect to PostgreSQL ({where}): {cause}"
-        await conn.close()
-        return (
-            f"no connection to PostgreSQL ({where}) within {self.connect_timeout:g}s: the "
-            "server answers now, but the pool could not connect in time (max_size, load?)"
-        )
-
-    async def _checkin(self, conn: psycopg.AsyncConnection[Any], autocommit: bool) -> None:
-        """Give ``conn`` back to the pool with its ``autocommit`` setting restored."""
-        try:
-            if conn.autocommit != autocommit and conn.pgconn.transaction_status == _IDLE:
-                await conn.set_autocommit(autocommit)
-        finally:
-            returned = getattr(self, "_returned", None)
-            if returned is not None:
-                if len(returned) > _RETURNED_MAX:
-                    returned.clear()  # ids of long-gone connections; a clear costs checks
-                returned[id(conn)] = time.monotonic()
-            await self._pool.putconn(conn)
-
-    async def _check_if_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """The pool's check at checkout: a round trip, so only for a connection that sat
-        idle long enough for the server to have dropped it (a busy one just proved it is
-        alive; a dropped one would otherwise fail the claim or completion it carries)."""
-        returned = self._returned.get(id(conn))
-        if returned is None or time.monotonic() - returned >= _CHECK_IDLE_AFTER:
-            await AsyncConnectionPool.check_connection(conn)
-
-    @asynccontextmanager
-    async def _connection(self, *, autocommit: bool) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        conn, original = await self._checkout(autocommit=autocommit)
-        try:
-            yield conn
-        finally:
-            await self._checkin(conn, original)
 
     def transaction(
         self, connection: psycopg.AsyncConnection[Any] | None = None, *, lock_wait: float = 5.0

@@ -31,6 +31,7 @@ import psycopg
 from psycopg import sql
 
 from onceonly.errors import ConfigurationError
+from onceonly.stores._postgres_errors import _DriverErrors
 from onceonly.stores._postgres_partitioned import (
     DroppedPartitions,
     Partition,
@@ -39,7 +40,6 @@ from onceonly.stores._postgres_partitioned import (
     ranges,
 )
 from onceonly.stores._postgres_sql import _lock_timeout
-from onceonly.stores.postgres_session import _DriverErrors
 
 if TYPE_CHECKING:
     from onceonly.stores.postgres import PostgresStore

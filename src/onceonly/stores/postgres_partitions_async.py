@@ -30,6 +30,7 @@ import psycopg
 from psycopg import sql
 
 from onceonly.errors import ConfigurationError
+from onceonly.stores._postgres_errors import _DriverErrors
 from onceonly.stores._postgres_partitioned import (
     DroppedPartitions,
     Partition,
@@ -38,7 +39,6 @@ from onceonly.stores._postgres_partitioned import (
     ranges,
 )
 from onceonly.stores._postgres_sql import _lock_timeout
-from onceonly.stores.postgres_session_async import _DriverErrors
 
 if TYPE_CHECKING:
     from onceonly.stores.postgres_async import AsyncPostgresStore

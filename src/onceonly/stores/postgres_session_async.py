@@ -18,7 +18,6 @@ try:
     import psycopg
     from psycopg.pq import TransactionStatus
     from psycopg.rows import TupleRow, tuple_row
-    from psycopg_pool import PoolClosed
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "the PostgreSQL store needs psycopg 3 and psycopg-pool: pip install 'onceonly[postgres]'"
@@ -27,14 +26,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from onceonly._core.sql import qmark_to_format
 from onceonly._core.state import Expect, Record, Write
 from onceonly.errors import (
-    ConfigurationError,
-    InFlight,
-    NotMigrated,
-    StoreError,
     StoreUnavailable,
     TransactionAborted,
     TransactionEnded,
 )
+from onceonly.stores._postgres_errors import _DriverErrors
 from onceonly.stores._postgres_sql import (
     _BEGIN,
     _OPEN_SAVEPOINT,
@@ -62,58 +58,6 @@ _CLAIM_RACE_RETRIES = 5
 _IDLE = TransactionStatus.IDLE
 _INTRANS = TransactionStatus.INTRANS
 _INERROR = TransactionStatus.INERROR
-
-
-class _DriverErrors:
-    """Translate psycopg and pool errors raised by the store's own statements.
-
-    The one place driver errors become onceonly errors (always ``raise … from exc``).
-    ``waiting``: the statement may have been waiting for another transaction's lock, so a
-    cancellation means that wait ran out (:class:`InFlight`).
-    """
-
-    __slots__ = ("key", "scope", "waiting")
-
-    def __init__(
-        self, scope: str | None = None, key: str | None = None, *, waiting: bool = False
-    ) -> None:
-        self.scope = scope
-        self.key = key
-        self.waiting = waiting
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, psycopg.Error):
-            raise self._translate(exc) from exc
-
-    def _translate(self, exc: psycopg.Error) -> Exception:
-        scope, key = self.scope, self.key
-        if isinstance(exc, psycopg.errors.LockNotAvailable) or (
-            self.waiting and isinstance(exc, psycopg.errors.QueryCanceled)
-        ):
-            return InFlight(
-                "another transaction holds this key and did not finish within lock_wait",
-                scope=scope,
-                key=key,
-            )
-        if isinstance(exc, PoolClosed):
-            return StoreError("the store is closed", scope=scope, key=key)
-        if isinstance(exc, psycopg.errors.UndefinedTable):
-            return NotMigrated(
-                "a table of the store is missing; run store.migrate() first "
-                f"({exc.diag.message_primary or exc})",
-                scope=scope,
-                key=key,
-            )
-        if isinstance(exc, psycopg.errors.FeatureNotSupported) and "onceonly" in str(exc):
-            return ConfigurationError(exc.diag.message_primary or str(exc), scope=scope, key=key)
-        if isinstance(exc, psycopg.OperationalError):
-            # Connection lost or refused, pool timeout, admin shutdown, statement
-            # timeout, serialization failure, deadlock: all worth a retry.
-            return StoreUnavailable(f"PostgreSQL is unavailable: {exc}", scope=scope, key=key)
-        return StoreError(f"PostgreSQL error: {exc}", scope=scope, key=key)
 
 
 @functools.lru_cache(maxsize=1024)
