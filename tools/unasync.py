@@ -26,6 +26,7 @@ SOURCES = [
     "src/onceonly/stores/postgres_session_async.py",
     "src/onceonly/stores/postgres_async.py",
     "src/onceonly/outbox_async.py",
+    "src/onceonly/relay_wake_async.py",
     "src/onceonly/relay_async.py",
     "src/onceonly/stores/postgres_admin_async.py",
     "src/onceonly/stores/postgres_partitions_async.py",

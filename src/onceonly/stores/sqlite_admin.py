@@ -17,7 +17,7 @@ from onceonly._core.admin import PurgeRule, Query, ScopeStats
 from onceonly._core.admin_sql import purge_predicates, query_predicate, stats_from_rows
 from onceonly._core.sql import validate_identifier
 from onceonly._core.state import Expect, Record
-from onceonly.stores.sqlite import _COLUMNS, _errors, _record
+from onceonly.stores._sqlite_rows import _COLUMNS, _errors, _record
 
 if TYPE_CHECKING:
     from onceonly.stores.sqlite import SQLiteStore
