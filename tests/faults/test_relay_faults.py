@@ -374,7 +374,9 @@ async def test_async_relay_recovers_from_a_server_restart(
         before = await asyncio.to_thread(write_rows, writer, 100)
         writer.close()
         await asyncio.to_thread(pg_cluster.restart, "immediate")  # likely mid-batch
-        writer = _outbox_store(pg_cluster)
+        # off the event loop: its migrate() may wait for a lock of the relay's running
+        # transaction, which only this loop can finish
+        writer = await asyncio.to_thread(_outbox_store, pg_cluster)
         after = await asyncio.to_thread(write_rows, writer, 30, start=100)
         deadline = time.monotonic() + 40  # generous: a loaded CI machine backs off longer
         while len(set(streams.ids())) < 130 and time.monotonic() < deadline:
