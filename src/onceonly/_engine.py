@@ -7,7 +7,8 @@ so the application keeps one pool. The dialects and drivers understood:
 =====================  ==================================  ==============================
 database               ``Engine`` (``open_store``)         ``AsyncEngine`` (``open_async_store``)
 =====================  ==================================  ==============================
-PostgreSQL             ``postgresql+psycopg``              ``postgresql+psycopg``
+PostgreSQL             ``postgresql+psycopg``,             ``postgresql+psycopg``
+                       ``postgresql+psycopg2``
 SQLite                 ``sqlite`` (the stdlib driver)      —
 MariaDB/MySQL          ``mysql+pymysql``, ``mariadb+pymysql``  ``mysql+aiomysql``
 =====================  ==================================  ==============================
@@ -27,6 +28,7 @@ __all__ = ["async_store_over", "is_engine", "store_over"]
 
 _SYNC = {
     ("postgresql", "psycopg"): "postgresql",
+    ("postgresql", "psycopg2"): "psycopg2",
     ("sqlite", "pysqlite"): "sqlite",
     ("mysql", "pymysql"): "mysql",
     ("mariadb", "pymysql"): "mysql",
@@ -98,6 +100,10 @@ def store_over(engine: Any, options: dict[str, Any]) -> Store:
         pool: Any = EngineConnections(engine, _conninfo(engine))
         return PostgresStore(pool=pool, **options)
     _check(options, _OPTIONS)
+    if kind == "psycopg2":
+        from onceonly.stores.postgres_psycopg2_engine import Psycopg2EngineStore
+
+        return Psycopg2EngineStore(engine, _conninfo(engine), **options)
     if kind == "sqlite":
         from onceonly.stores.sqlite_engine import SQLiteEngineStore
 

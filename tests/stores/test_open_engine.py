@@ -28,21 +28,22 @@ from tests.conftest import (
     require_postgres,
 )
 
-KINDS = ["sqlite", "postgres", "mysql"]
+KINDS = ["sqlite", "postgres", "psycopg2", "mysql"]
 
 
 def _sa_url(kind: str, tmp_path: Path, *, aio: bool = False) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'engine.db'}"
-    if kind == "postgres":
+    if kind in ("postgres", "psycopg2"):
         require_postgres()
-        return PG_URL.replace("postgresql://", "postgresql+psycopg://", 1)
+        driver = "psycopg2" if kind == "psycopg2" else "psycopg"
+        return PG_URL.replace("postgresql://", f"postgresql+{driver}://", 1)
     require_mysql()
     return MYSQL_URL.replace("mysql://", "mysql+aiomysql://" if aio else "mysql+pymysql://", 1)
 
 
 def _drop(kind: str, *tables: str) -> None:
-    if kind == "postgres":
+    if kind in ("postgres", "psycopg2"):
         for table in tables:
             drop_pg_table(table)
     elif kind == "mysql":
@@ -111,7 +112,7 @@ def test_borrowed_connections_go_back_as_they_were(opened: Opened) -> None:
             if opened.kind == "sqlite":
                 busy = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
                 return driver.isolation_level, busy, driver.in_transaction
-            if opened.kind == "postgres":
+            if opened.kind in ("postgres", "psycopg2"):
                 return driver.autocommit, conn.exec_driver_sql("SHOW lock_timeout").scalar()
             row = conn.exec_driver_sql(
                 "SELECT @@session.time_zone, @@session.tx_isolation, @@session.autocommit"
