@@ -106,8 +106,8 @@ def test_borrowed_connections_go_back_as_they_were(opened: Opened) -> None:
     time zone, busy timeout) are the application's again when its session gets the
     connection."""
 
-    def settings() -> tuple[Any, ...]:
-        with opened.engine.connect() as conn:
+    def settings(engine: Engine) -> tuple[Any, ...]:
+        with engine.connect() as conn:
             driver = conn.connection.driver_connection
             if opened.kind == "sqlite":
                 busy = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
@@ -119,10 +119,12 @@ def test_borrowed_connections_go_back_as_they_were(opened: Opened) -> None:
             ).one()
             return tuple(row)
 
-    before = settings()
+    fresh = create_engine(opened.engine.url)  # connections the store never had
     inbox = onceonly.Inbox(opened.store, consumer="c", wait=0.7)
     inbox.process("k", {"n": 1}, lambda payload, tx: 1)
-    assert settings() == before
+    # the engine's only connection has been the store's (migrate, process)
+    assert settings(opened.engine) == settings(fresh)
+    fresh.dispose()
 
 
 def test_joins_a_session_of_the_same_engine(opened: Opened, tmp_path: Path) -> None:
