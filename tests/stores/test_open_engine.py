@@ -101,6 +101,27 @@ def test_contract_essentials_on_one_pooled_connection(opened: Opened) -> None:
     assert pool.checkedout() == 0  # type: ignore[attr-defined]
 
 
+def test_leased_mode_runs_once(opened: Opened) -> None:
+    """@idempotent (autocommit sessions on borrowed connections): once, then replays; a
+    failure is recorded and retried."""
+    calls: list[int] = []
+
+    @onceonly.idempotent(opened.store, key=lambda n: f"n:{n}", scope="leased")
+    def charge(n: int) -> int:
+        calls.append(n)
+        if n < 0:
+            raise ValueError("negative")
+        return n + 1
+
+    assert charge(1) == 2 and charge(1) == 2
+    with pytest.raises(ValueError):
+        charge(-1)
+    with pytest.raises(ValueError):
+        charge(-1)  # a failure is not cached: it runs again
+    assert calls == [1, -1, -1]
+    assert opened.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
 def test_borrowed_connections_go_back_as_they_were(opened: Opened) -> None:
     """The driver settings the store changes (autocommit, and per dialect isolation level,
     time zone, busy timeout) are the application's again when its session gets the
@@ -202,3 +223,26 @@ async def test_async_contract_essentials(opened_async: Opened) -> None:
     publisher = AsyncListPublisher()
     assert (await onceonly.AsyncRelay(opened_async.store, publisher).run_once()).published == 2
     assert pool.checkedout() == 0
+
+
+async def test_async_cancelled_handler_gives_its_connection_back(opened_async: Opened) -> None:
+    """A handler cancelled mid-transaction: the connection goes back to the engine's pool
+    (replaced if it cannot be trusted), so the one-connection pool still serves."""
+    import asyncio
+
+    inbox = onceonly.AsyncInbox(opened_async.store, consumer="c")
+
+    async def slow(payload: Any, tx: onceonly.AsyncTx) -> int:
+        await asyncio.sleep(30)
+        return 0
+
+    async def quick(payload: Any, tx: onceonly.AsyncTx) -> int:
+        return 1
+
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(inbox.process("m-1", {}, slow), 0.3)
+    for _ in range(20):  # a discarded connection is given back by a task of its own
+        if opened_async.engine.sync_engine.pool.checkedout() == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert (await inbox.process("m-2", {}, quick)).result == 1
