@@ -166,6 +166,18 @@ def test_joins_a_session_of_the_same_engine(opened: Opened, tmp_path: Path) -> N
     engine.dispose()
 
 
+def test_psycopg2_engine_refuses_the_psycopg3_only_operations(tmp_path: Path) -> None:
+    engine = create_engine(_sa_url("psycopg2", tmp_path))
+    store = onceonly.open_store(engine, table=f"t_{uuid.uuid4().hex[:12]}", outbox_table=None)
+    with pytest.raises(onceonly.ConfigurationError, match="no operator access"):
+        onceonly.Admin(store)
+    with pytest.raises(onceonly.ConfigurationError, match="needs psycopg 3"):
+        store.partitions.all()  # type: ignore[attr-defined]
+    with pytest.raises(onceonly.ConfigurationError, match="partitioned tables need psycopg 3"):
+        store.migrate(partitioned=True)  # type: ignore[call-arg]
+    engine.dispose()
+
+
 def test_refuses_what_it_cannot_open(tmp_path: Path) -> None:
     with pytest.raises(onceonly.UnsupportedEngine, match="in-memory"):
         onceonly.open_store(create_engine("sqlite://"))

@@ -66,6 +66,13 @@ class Psycopg2EngineStore(PostgresStore):
         super().__init__(table=table, outbox_table=outbox_table, pool=pool, pipeline=False)
         self.engine = engine
 
+    def _connection(self, *, autocommit: bool) -> Any:
+        """The psycopg 3 connections of the admin and partition operations: none here."""
+        raise ConfigurationError(
+            "this operation needs psycopg 3 connections; open the store with a "
+            "postgresql+psycopg engine or a postgresql:// URL"
+        )
+
     @contextmanager
     def _borrowed(self, *, autocommit: bool) -> Iterator[Any]:
         conn = self._borrowing.borrow()
