@@ -38,6 +38,8 @@ SOURCES = [
     "src/onceonly/stores/mysql_session_async.py",
     "src/onceonly/stores/mysql_async.py",
     "src/onceonly/stores/mysql_admin_async.py",
+    "src/onceonly/stores/engine_pool_async.py",
+    "src/onceonly/stores/mysql_engine_async.py",
 ]
 
 RULES: list[tuple[str, str]] = [

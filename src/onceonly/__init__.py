@@ -33,6 +33,7 @@ from onceonly.errors import (
     TransactionAborted,
     TransactionEnded,
     TransactionError,
+    UnsupportedEngine,
 )
 from onceonly.inbox import Inbox, Tx
 from onceonly.inbox_async import AsyncInbox, AsyncTx
@@ -93,6 +94,7 @@ __all__ = [
     "TransactionEnded",
     "TransactionError",
     "Tx",
+    "UnsupportedEngine",
     "composite_key",
     "content_key",
     "current_async_claim",

@@ -95,6 +95,15 @@ class OutboxSQL:
             f" FOR EACH STATEMENT EXECUTE FUNCTION {t}_notify()",
         ]
 
+    def drop(self) -> list[str]:
+        """Undo :meth:`migrate` (the tables, and PostgreSQL's notify function)."""
+        t = self.table
+        if self.dialect == "mysql":
+            return [f"DROP TABLE IF EXISTS `{t}`", f"DROP TABLE IF EXISTS `{self.keys_table}`"]
+        if self.dialect == "sqlite":
+            return [f"DROP TABLE IF EXISTS {t}"]
+        return [f"DROP TABLE IF EXISTS {t}", f"DROP FUNCTION IF EXISTS {t}_notify()"]
+
     @property
     def keys_table(self) -> str:
         """MariaDB/MySQL: the table of per-key lock rows (ordered mode)."""

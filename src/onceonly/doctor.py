@@ -61,8 +61,7 @@ def check_store(store: Any) -> list[Finding]:
     version = getattr(store, "schema_version", None)
     if callable(version):
         found = version()
-        module = __import__(type(store).__module__, fromlist=["SCHEMA_VERSION"])
-        expected = getattr(module, "SCHEMA_VERSION", None)
+        expected = _schema_version(type(store))
         if found is None:
             out.append(
                 Finding(
@@ -87,6 +86,19 @@ def check_store(store: Any) -> list[Finding]:
     if getattr(store, "dialect", None) == "redis":
         out += check_redis_store(store.client)
     return out
+
+
+def _schema_version(cls: type) -> int | None:
+    """The ``SCHEMA_VERSION`` of the module of ``cls`` or of its nearest base that has one
+    (a store over an engine subclasses the store that defines it)."""
+    import sys
+
+    for klass in cls.__mro__:
+        module = sys.modules.get(klass.__module__)
+        expected = getattr(module, "SCHEMA_VERSION", None)
+        if isinstance(expected, int):
+            return expected
+    return None
 
 
 def check_redis_store(client: Any) -> list[Finding]:

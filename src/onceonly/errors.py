@@ -11,7 +11,8 @@ The tree is organised by what the caller does next::
     ├── EncodingError         (TypeError)    a result that cannot be encoded as JSON
     │   └── InvalidPayload                   a payload without a canonical form: fix the producer
     ├── ConfigurationError    (ValueError)   bad URL, table name, option or missing extra
-    │   └── NotMigrated                      no tables yet: run store.migrate() (a StoreError too)
+    │   ├── NotMigrated                      no tables yet: run store.migrate() (a StoreError too)
+    │   └── UnsupportedEngine                open_store(engine): an engine no store works on
     ├── InFlight                             a live claim elsewhere: retry later / nack / 409
     ├── DeadLettered                         max_attempts reached: dead-letter it
     ├── LeaseLost                            your claim was taken over: discard your result
@@ -53,6 +54,7 @@ __all__ = [
     "TransactionAborted",
     "TransactionEnded",
     "TransactionError",
+    "UnsupportedEngine",
 ]
 
 
@@ -128,6 +130,15 @@ class InvalidPayload(EncodingError):
 
 class ConfigurationError(OnceOnlyError, ValueError):
     """A store URL, table name, option or missing optional dependency is wrong."""
+
+
+class UnsupportedEngine(ConfigurationError):
+    """``open_store(engine)`` was given something other than a SQLAlchemy ``Engine``
+    (``AsyncEngine`` for ``open_async_store``), or an engine whose dialect and driver no
+    store works on (the message lists those that do).
+
+    .. versionadded:: 0.3
+    """
 
 
 class InFlight(OnceOnlyError):

@@ -6,6 +6,10 @@
 ``mysql://user@host:3306/db`` or ``mariadb://…`` (extra ``onceonly[mysql]``), ``memory://``,
 ``redis://host:6379/0``, ``rediss://``, ``redis+cluster://``, ``redis+sentinel://``
 (extra ``onceonly[redis]``; leased mode only).
+
+Either also takes a SQLAlchemy ``Engine`` (``AsyncEngine`` for ``open_async_store``)
+instead of a URL: the store then borrows its connections from the engine's pool
+(PostgreSQL with psycopg, SQLite, MariaDB/MySQL with PyMySQL or aiomysql).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import inspect
 import urllib.parse
 from typing import Any
 
+from onceonly._engine import async_store_over, is_engine, store_over
 from onceonly.errors import ConfigurationError
 from onceonly.types import AsyncStore, Store
 
@@ -80,11 +85,14 @@ def _check_options(cls: Any, options: dict[str, Any], url: str, *, skip: tuple[s
         )
 
 
-def open_store(url: str, *, migrate: bool = False, **options: Any) -> Store:
+def open_store(url: str | Any, *, migrate: bool = False, **options: Any) -> Store:
     """Open a sync store.
 
     Args:
-        url: the store URL (see the module docstring).
+        url: the store URL (see the module docstring), or a SQLAlchemy ``Engine``: the
+            store then takes a connection from the engine's pool for each transaction
+            and gives it back (the application keeps one pool); options ``table=``,
+            ``outbox_table=`` (and ``pipeline=`` on PostgreSQL).
         migrate: create or upgrade the store's tables before returning it (the same as
             calling ``store.migrate()``; safe to repeat). Handy for scripts; services
             usually migrate once at deploy time.
@@ -93,11 +101,14 @@ def open_store(url: str, *, migrate: bool = False, **options: Any) -> Store:
     Raises:
         ConfigurationError: an unknown scheme or option, a malformed URL, a missing
             extra.
+        UnsupportedEngine: an engine of a dialect or driver no store works on, or an
+            ``AsyncEngine``.
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2 ``migrate=``; unknown options are refused.
+    .. versionchanged:: 0.3 a SQLAlchemy ``Engine`` instead of a URL.
     """
-    store = _open(url, options)
+    store = store_over(url, options) if is_engine(url) else _open(url, options)
     if migrate:
         try:
             store.migrate()
@@ -138,8 +149,12 @@ def _open(url: str, options: dict[str, Any]) -> Store:
     raise ConfigurationError(f"unknown store scheme {scheme!r} in {url!r}")
 
 
-def open_async_store(url: str, **options: Any) -> AsyncStore:
+def open_async_store(url: str | Any, **options: Any) -> AsyncStore:
     """Open an async store (PostgreSQL and Redis natively; SQLite and memory through a thread).
+
+    ``url`` may be a SQLAlchemy ``AsyncEngine`` instead (``postgresql+psycopg``,
+    ``mysql+aiomysql``): the store borrows connections from its pool (see
+    :func:`open_store`).
 
     To migrate on open, await the store's ``migrate()`` (safe to repeat):
     ``store = open_async_store(url); await store.migrate()``.
@@ -147,9 +162,14 @@ def open_async_store(url: str, **options: Any) -> AsyncStore:
     Raises:
         ConfigurationError: an unknown scheme or option, a malformed URL, a missing
             extra.
+        UnsupportedEngine: an engine of a dialect or driver no store works on, or a
+            sync ``Engine``.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.3 a SQLAlchemy ``AsyncEngine`` instead of a URL.
     """
+    if is_engine(url):
+        return async_store_over(url, options)
     scheme = _scheme(url)
     if scheme in _POSTGRES:
         mod = _store_module("postgres_async")

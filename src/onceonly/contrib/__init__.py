@@ -1,2 +1,3 @@
 # SPDX-License-Identifier: MIT
-"""Integrations with frameworks that own their configuration (Django)."""
+"""Integrations with frameworks that own their configuration (Django) or the schema
+(Alembic)."""

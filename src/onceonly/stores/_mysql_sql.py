@@ -184,6 +184,7 @@ def records_ddl(table: str) -> str:
     )
 
 
+SCHEMA_VERSION = 1  # of the records table
 SCHEMA_DDL = (
     "CREATE TABLE IF NOT EXISTS onceonly_schema"
     " (component VARCHAR(255) NOT NULL PRIMARY KEY, version INT NOT NULL)"

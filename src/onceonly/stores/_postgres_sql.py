@@ -290,6 +290,26 @@ def _records_ddl(table: str) -> list[sql.Composed]:
     ]
 
 
+SCHEMA_TABLE = "onceonly_schema"
+
+
+def schema_table_ddl() -> sql.Composed:
+    """The table of schema versions (one row per component: ``records:<table>``, …)."""
+    return sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {} (component text PRIMARY KEY, version integer NOT NULL)"
+    ).format(sql.Identifier(SCHEMA_TABLE))
+
+
+def version_upsert() -> sql.Composed:
+    """Record a component's schema version, never lowering it. (component, version)"""
+    schema = sql.Identifier(SCHEMA_TABLE)
+    return sql.SQL(
+        "INSERT INTO {} (component, version) VALUES (%s, %s) "
+        "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version "
+        "WHERE {}.version < EXCLUDED.version"
+    ).format(schema, schema)
+
+
 def _lock_timeout(lock_wait: float) -> str | None:
     """``lock_wait`` seconds as a ``lock_timeout`` value (``None``: wait for ever)."""
     if math.isnan(lock_wait):

@@ -57,6 +57,7 @@ from onceonly.errors import ConfigurationError, StoreError, StoreUnavailable
 from onceonly.stores._mysql_sql import (
     SCHEMA_DDL,
     SCHEMA_UPSERT,
+    SCHEMA_VERSION,
     MySQLStatements,
     describe,
     lock_wait_seconds,
@@ -75,11 +76,10 @@ from onceonly.stores.mysql_session import (
 if TYPE_CHECKING:
     from onceonly.stores.mysql_admin import MySQLAdmin
 
-__all__ = ["MySQLSession", "MySQLStore"]
+__all__ = ["SCHEMA_VERSION", "MySQLSession", "MySQLStore"]
 
 log = logging.getLogger("onceonly.stores.mysql")
 
-SCHEMA_VERSION = 1
 _MIGRATE_LOCK = "onceonly_migrate"
 # Pooled connections idle at least this long are pinged (one round trip) at checkout.
 _CHECK_IDLE_AFTER = 1.0

@@ -70,6 +70,7 @@ from onceonly.stores.postgres_pool import PooledConnections
 from onceonly.stores.postgres_psycopg2 import is_psycopg2, joined
 from onceonly.stores.postgres_schema import (
     SCHEMA_TABLE,
+    SCHEMA_VERSION,
     create_tables,
     is_partitioned,
     table_exists,
@@ -82,7 +83,7 @@ from onceonly.stores.postgres_session import (
     _Transaction,
 )
 
-__all__ = ["PostgresSession", "PostgresStore"]
+__all__ = ["SCHEMA_VERSION", "PostgresSession", "PostgresStore"]
 
 log = logging.getLogger(__name__)
 # psycopg-pool logs a warning for every failed connection attempt; without a logging

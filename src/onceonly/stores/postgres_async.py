@@ -68,6 +68,7 @@ from onceonly.stores.postgres_partitions_async import AsyncPostgresPartitions
 from onceonly.stores.postgres_pool_async import AsyncPooledConnections
 from onceonly.stores.postgres_schema_async import (
     SCHEMA_TABLE,
+    SCHEMA_VERSION,
     create_tables,
     is_partitioned,
     table_exists,
@@ -82,7 +83,7 @@ from onceonly.stores.postgres_session_async import (
     _Transaction,
 )
 
-__all__ = ["AsyncPostgresSession", "AsyncPostgresStore"]
+__all__ = ["SCHEMA_VERSION", "AsyncPostgresSession", "AsyncPostgresStore"]
 
 log = logging.getLogger(__name__)
 # psycopg-pool logs a warning for every failed connection attempt; without a logging

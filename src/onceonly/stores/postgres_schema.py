@@ -16,12 +16,12 @@ from psycopg import sql
 from onceonly._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
 from onceonly._outbox_sql import OutboxSQL
 from onceonly.errors import ConfigurationError
+from onceonly.stores._postgres_sql import SCHEMA_TABLE, schema_table_ddl, version_upsert
 
 __all__ = ["SCHEMA_TABLE", "SCHEMA_VERSION", "create_tables", "is_partitioned", "table_exists"]
 
 # The schema version of the records table this code writes and reads.
 SCHEMA_VERSION = 1
-SCHEMA_TABLE = "onceonly_schema"
 
 
 def is_partitioned(conn: psycopg.Connection[Any], table: str) -> bool:
@@ -50,11 +50,7 @@ def create_tables(
     their version rows; refuses a table made by a newer onceonly."""
     component = f"records:{table}"
     schema = sql.Identifier(SCHEMA_TABLE)
-    conn.execute(
-        sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (component text PRIMARY KEY, version integer NOT NULL)"
-        ).format(schema)
-    )
+    conn.execute(schema_table_ddl())
     cur = conn.execute(
         sql.SQL("SELECT version FROM {} WHERE component = %s").format(schema), (component,)
     )
@@ -66,11 +62,7 @@ def create_tables(
         )
     for ddl in records_ddl:
         conn.execute(ddl)
-    record_version = sql.SQL(
-        "INSERT INTO {} (component, version) VALUES (%s, %s) "
-        "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version "
-        "WHERE {}.version < EXCLUDED.version"
-    ).format(schema, schema)
+    record_version = version_upsert()
     conn.execute(record_version, (component, SCHEMA_VERSION))
     if outbox_table is not None:
         for outbox_ddl in OutboxSQL("postgresql", outbox_table).migrate():

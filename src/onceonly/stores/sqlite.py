@@ -47,6 +47,32 @@ if TYPE_CHECKING:
 __all__ = ["SQLiteStore"]
 
 SCHEMA_VERSION = 1
+SCHEMA_UPSERT = (
+    "INSERT INTO onceonly_schema (component, version) VALUES (?, ?)"
+    " ON CONFLICT (component) DO UPDATE SET version = excluded.version"
+    " WHERE excluded.version > onceonly_schema.version"
+)
+
+
+def schema_ddl(table: str, outbox_table: str | None) -> list[str]:
+    """The schema-version, records and outbox tables (what :meth:`SQLiteStore.migrate`
+    runs before recording the versions with ``SCHEMA_UPSERT``)."""
+    t = validate_identifier(table)
+    ddl = [
+        "CREATE TABLE IF NOT EXISTS onceonly_schema"
+        " (component TEXT PRIMARY KEY, version INTEGER NOT NULL)",
+        f"CREATE TABLE IF NOT EXISTS {t} ("
+        " scope TEXT NOT NULL, key TEXT NOT NULL,"
+        " state TEXT NOT NULL, fingerprint TEXT, token INTEGER NOT NULL,"
+        " attempts INTEGER NOT NULL DEFAULT 0, lease_until REAL, result TEXT,"
+        " error TEXT, payload TEXT, checkpoint TEXT, created_at REAL NOT NULL,"
+        " updated_at REAL NOT NULL, completed_at REAL, expires_at REAL,"
+        " PRIMARY KEY (scope, key)) WITHOUT ROWID",
+        f"CREATE INDEX IF NOT EXISTS {t}_state_expiry ON {t} (state, expires_at)",
+    ]
+    if outbox_table is not None:
+        ddl += OutboxSQL("sqlite", outbox_table).migrate()
+    return ddl
 
 
 class SQLiteSession:
@@ -245,39 +271,13 @@ class SQLiteStore:
     # -- the contract
     def migrate(self) -> None:
         """Create the records table and record the schema version; safe to repeat."""
-        t = self.table
         with self.transaction() as s:
             c = s.connection
-            c.execute(
-                "CREATE TABLE IF NOT EXISTS onceonly_schema"
-                " (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
-            )
-            c.execute(
-                f"CREATE TABLE IF NOT EXISTS {t} ("
-                " scope TEXT NOT NULL, key TEXT NOT NULL,"
-                " state TEXT NOT NULL, fingerprint TEXT, token INTEGER NOT NULL,"
-                " attempts INTEGER NOT NULL DEFAULT 0, lease_until REAL, result TEXT,"
-                " error TEXT, payload TEXT, checkpoint TEXT, created_at REAL NOT NULL,"
-                " updated_at REAL NOT NULL, completed_at REAL, expires_at REAL,"
-                " PRIMARY KEY (scope, key)) WITHOUT ROWID"
-            )
-            c.execute(f"CREATE INDEX IF NOT EXISTS {t}_state_expiry ON {t} (state, expires_at)")
+            for statement in schema_ddl(self.table, self.outbox_table):
+                c.execute(statement)
             if self.outbox_table is not None:
-                outbox = OutboxSQL("sqlite", self.outbox_table)
-                for statement in outbox.migrate():
-                    c.execute(statement)
-                c.execute(
-                    "INSERT INTO onceonly_schema (component, version) VALUES (?, ?)"
-                    " ON CONFLICT (component) DO UPDATE SET version = excluded.version"
-                    " WHERE excluded.version > onceonly_schema.version",
-                    (f"outbox:{self.outbox_table}", OUTBOX_SCHEMA_VERSION),
-                )
-            c.execute(
-                "INSERT INTO onceonly_schema (component, version) VALUES (?, ?)"
-                " ON CONFLICT (component) DO UPDATE SET version = excluded.version"
-                " WHERE excluded.version > onceonly_schema.version",
-                (f"records:{t}", SCHEMA_VERSION),
-            )
+                c.execute(SCHEMA_UPSERT, (f"outbox:{self.outbox_table}", OUTBOX_SCHEMA_VERSION))
+            c.execute(SCHEMA_UPSERT, (f"records:{self.table}", SCHEMA_VERSION))
 
     def schema_version(self) -> int | None:
         """The recorded schema version of this store's table, or None before migrate()."""

@@ -194,10 +194,10 @@ class IdempotencyMiddleware:
 
         try:
             with transaction.atomic(using=DEFAULT_DB_ALIAS):
-                db = connections[DEFAULT_DB_ALIAS]
-                with db.cursor() as cursor:
-                    cursor.execute("SELECT 1")  # psycopg begins on the first statement
-                raw: Any = db.connection
+                # atomic() connected and turned autocommit off: the claim's savepoint
+                # opens the transaction (psycopg 3 or psycopg2 send BEGIN first; Django
+                # begins it itself on SQLite)
+                raw: Any = connections[DEFAULT_DB_ALIAS].connection
                 got = inbox.process(step.key, None, handler, connection=raw)
         except _atomic._NotStored as exc:
             if exc.reason.startswith("!"):
