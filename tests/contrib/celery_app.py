@@ -45,20 +45,20 @@ def build(cfg: dict[str, Any]) -> Celery:
     def store() -> Any:
         return onceonly.open_store(cfg["pg"], table=table, outbox_table=f"{table}_outbox")
 
-    @app.task(name="t.record")
+    @app.task(name="t.record", shared=False)
     @idempotent_task(store, atomic=True)
     def record(tx: Any, tag: str, n: int = 1) -> dict[str, Any]:
         tx.execute(f"INSERT INTO {biz} (tag, n) VALUES (?, ?)", (tag, n))
         return {"tag": tag, "n": n, "attempt": tx.attempt}
 
-    @app.task(name="t.slow")
+    @app.task(name="t.slow", shared=False)
     @idempotent_task(store, atomic=True, wait=30)
     def slow(tx: Any, tag: str) -> str:
         tx.execute(f"INSERT INTO {biz} (tag, n) VALUES (?, ?)", (tag, 1))
         time.sleep(1.0)
         return tag
 
-    @app.task(name="t.crashy")
+    @app.task(name="t.crashy", shared=False)
     @idempotent_task(store, atomic=True)
     def crashy(tx: Any, tag: str) -> dict[str, Any]:
         tx.execute(f"INSERT INTO {biz} (tag, n) VALUES (?, ?)", (tag, 1))
@@ -68,7 +68,7 @@ def build(cfg: dict[str, Any]) -> Celery:
             time.sleep(60)  # the test SIGKILLs the worker here
         return {"redelivered": tx.delivery.redelivered, "attempt": tx.attempt}
 
-    @app.task(name="t.flaky", bind=True, max_retries=5)
+    @app.task(name="t.flaky", shared=False, bind=True, max_retries=5)
     @idempotent_task(store, key=lambda tag, fails: f"flaky:{tag}")
     def flaky(self: Any, tag: str, fails: int) -> dict[str, Any]:
         n = int(r.incr(f"{prefix}runs:{tag}"))
@@ -76,7 +76,7 @@ def build(cfg: dict[str, Any]) -> Celery:
             raise self.retry(countdown=0.1, exc=RuntimeError(f"boom {n}"))
         return {"runs": n, "retries": self.request.retries}
 
-    @app.task(name="t.effect")
+    @app.task(name="t.effect", shared=False)
     @idempotent_task(onceonly.open_store(cfg["redis"], prefix=f"{prefix}rec:"))
     def effect(tag: str) -> int:
         return int(r.incr(f"{prefix}runs:{tag}"))

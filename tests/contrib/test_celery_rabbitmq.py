@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("celery")
-
 import onceonly
 from onceonly.contrib.celery import CeleryPublisher, enqueue
 from tests.conftest import require_postgres, require_redis, unavailable

@@ -126,6 +126,10 @@ class CeleryPublisher:
             ``broker_transport_options={"confirm_publish": True}`` so a send returns
             only once the broker confirmed it.
 
+    Sends are not retried here (the relay retries the row with backoff), but opening a
+    connection follows kombu's connection retries (``broker_transport_options``
+    ``max_retries``, ``interval_start``, …): keep them short for a relay.
+
     The task id is the outbox row's id. Errors reaching the broker are
     :class:`~onceonly.BrokerUnavailable` (the relay postpones the row without counting
     an attempt); any other refusal is a :class:`~onceonly.PublishError`.
@@ -144,7 +148,7 @@ class CeleryPublisher:
         """
         try:
             with self.app.connection_for_write() as conn:
-                conn.ensure_connection(max_retries=1)
+                conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
         except (OperationalError, OSError) as exc:
             raise BrokerUnavailable(f"cannot reach Celery's broker: {exc!r}") from exc
 
@@ -183,8 +187,8 @@ class CeleryPublisher:
             ) from exc
 
     def close(self) -> None:
-        """Release the app's producer connections."""
-        self.app.pool.force_close_all()
+        """Nothing to release: the connections are the app's (kombu pools them per
+        broker URL, shared with every other user of the app in this process)."""
 
 
 class AsyncCeleryPublisher:
