@@ -149,6 +149,7 @@ def test_configuration_errors(app: Celery, store: Any, tmp_path: Path) -> None:
 
     with pytest.raises(onceonly.ConfigurationError, match="without a task id"):
         direct(1)
+
     @app.task(name="t.keyed", shared=False)
     @idempotent_task(store, key=lambda x: f"k{x}")
     def keyed(x: int) -> int:
