@@ -96,9 +96,14 @@ class Kit:
             proc.send_signal(sig)
         proc.wait(10)
 
+    def executions(self, task_id: str) -> list[tuple[str, str]]:
+        """(worker, state) of every finished execution of ``task_id``, in order."""
+        found = self.redis.lrange(f"{self.prefix}done:{task_id}", 0, -1)
+        return [tuple(v.decode().split(":", 1)) for v in found]  # type: ignore[misc]
+
     def done(self, task_id: str) -> list[str]:
-        """The workers that finished an execution of ``task_id`` (runs and replays)."""
-        return [v.decode() for v in self.redis.lrange(f"{self.prefix}done:{task_id}", 0, -1)]
+        """The workers that finished ``task_id`` successfully (runs and replays)."""
+        return [name for name, state in self.executions(task_id) if state == "SUCCESS"]
 
     def wait_done(self, task_id: str, count: int, timeout: float = 15.0) -> list[str]:
         deadline = time.monotonic() + timeout

@@ -5,7 +5,7 @@ Its configuration is one JSON object in ``ONCEONLY_CELERY`` (the worker's enviro
 the test process builds the same app with :func:`build`. Every run of a task body
 writes a row to the business table (atomic tasks: in the claim's transaction) or counts
 in Redis (leased tasks); every task execution the worker finishes (a run or a replay)
-is pushed to ``<prefix>done:<task id>`` with the worker's name.
+is pushed to ``<prefix>done:<task id>`` as ``<worker>:<state>`` (SUCCESS, RETRY, …).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from celery import Celery, signals
 
 import onceonly
 from onceonly.contrib.celery import idempotent_task
+from onceonly.leased import current_claim
 
 
 def build(cfg: dict[str, Any]) -> Celery:
@@ -76,14 +77,26 @@ def build(cfg: dict[str, Any]) -> Celery:
             raise self.retry(countdown=0.1, exc=RuntimeError(f"boom {n}"))
         return {"runs": n, "retries": self.request.retries}
 
+    @app.task(name="t.leased", shared=False, max_retries=10)
+    @idempotent_task(store, lease=1.0, wait=0.2)
+    def leased(tag: str, seconds: float) -> dict[str, Any]:
+        n = int(r.incr(f"{prefix}runs:{tag}"))
+        marker = Path(cfg["markers"]) / tag
+        if os.environ.get("ONCEONLY_CELERY_CRASHER") and not marker.exists():
+            marker.write_text("running")
+            time.sleep(60)  # the test SIGKILLs the worker here
+        time.sleep(seconds)
+        return {"runs": n, "attempt": current_claim().attempt}
+
     @app.task(name="t.effect", shared=False)
     @idempotent_task(onceonly.open_store(cfg["redis"], prefix=f"{prefix}rec:"))
     def effect(tag: str) -> int:
         return int(r.incr(f"{prefix}runs:{tag}"))
 
     @signals.task_postrun.connect(weak=False)
-    def done(task_id: str | None = None, **_: Any) -> None:
-        r.rpush(f"{prefix}done:{task_id}", os.environ.get("ONCEONLY_CELERY_NAME", "?"))
+    def done(task_id: str | None = None, state: str | None = None, **_: Any) -> None:
+        name = os.environ.get("ONCEONLY_CELERY_NAME", "?")
+        r.rpush(f"{prefix}done:{task_id}", f"{name}:{state}")
 
     @signals.worker_ready.connect(weak=False)
     def ready(**_: Any) -> None:

@@ -12,7 +12,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -105,13 +105,17 @@ def test_a_task_failing_max_attempts_times_is_dead(kit: Kit) -> None:
     assert int(kit.redis.get(f"{kit.prefix}runs:{tag}") or 0) == 5
 
 
-def test_sigkill_mid_task_with_acks_late_redelivers_and_commits_once(kit: Kit) -> None:
-    """Atomic mode: the killed run committed nothing; the redelivery writes the row once."""
-    queue = f"{kit.cfg['queue']}.crash"
-    tag, task_id = uuid.uuid4().hex, str(uuid.uuid4())
+def _crash_and_redeliver_to_w1(
+    kit: Kit, name: str, *args: object, killed: Callable[[], None] = lambda: None
+) -> tuple[str, object]:
+    """Run ``name`` on a worker of its own, SIGKILL it mid-task, let w1 take the queue
+    over (the broker redelivers the unacknowledged task); the task id and its result.
+    ``killed`` runs between the kill and the redelivery."""
+    queue = f"{kit.cfg['queue']}.{name}"
+    tag, task_id = str(args[0]), str(uuid.uuid4())
     kit.start("crasher", queue, crasher=True)
     kit.wait_ready("crasher")
-    kit.app.send_task("t.crashy", args=[tag], task_id=task_id, queue=queue)
+    kit.app.send_task(name, args=list(args), task_id=task_id, queue=queue)
     marker = kit.tmp / tag
     deadline = time.monotonic() + 15
     while not marker.exists():
@@ -119,15 +123,47 @@ def test_sigkill_mid_task_with_acks_late_redelivers_and_commits_once(kit: Kit) -
         time.sleep(0.02)
     time.sleep(0.2)  # inside the sleep: its business row is written, not committed
     kit.kill("crasher")
-    assert kit.rows(tag) == 0
+    killed()
     reply = kit.app.control.add_consumer(
         queue, destination=[kit.nodename("w1")], reply=True, timeout=5
     )
     assert reply, "w1 did not answer"
     try:
-        result = kit.app.AsyncResult(task_id).get(timeout=20)
+        return task_id, kit.app.AsyncResult(task_id).get(timeout=20)
     finally:
         kit.app.control.cancel_consumer(queue, destination=[kit.nodename("w1")], reply=True)
+
+
+def test_sigkill_mid_task_with_acks_late_redelivers_and_commits_once(kit: Kit) -> None:
+    """Atomic mode: the killed run committed nothing; the redelivery writes the row once."""
+    tag = uuid.uuid4().hex
+
+    def nothing_committed() -> None:
+        assert kit.rows(tag) == 0
+
+    task_id, result = _crash_and_redeliver_to_w1(kit, "t.crashy", tag, killed=nothing_committed)
     assert result == {"redelivered": True, "attempt": 1}
     assert kit.rows(tag) == 1
     assert kit.done(task_id) == ["w1"]
+
+
+def test_sigkill_mid_leased_task_is_taken_over_when_its_lease_lapses(kit: Kit) -> None:
+    """Leased mode: the redelivery finds a live claim (InFlight), retries through Celery
+    until the dead worker's lease lapses, then takes the key over: the task is not lost
+    (the killed run's outside effect may have happened: leased mode runs it again)."""
+    tag = uuid.uuid4().hex
+    task_id, result = _crash_and_redeliver_to_w1(kit, "t.leased", tag, 0.0)
+    assert result == {"runs": 2, "attempt": 2}
+    assert ("w1", "RETRY") in kit.executions(task_id)
+
+
+def test_a_duplicate_of_a_running_leased_task_retries_then_replays(kit: Kit) -> None:
+    """InFlight becomes a Celery retry; the retry replays the first run's result."""
+    tag, task_id = uuid.uuid4().hex, str(uuid.uuid4())
+    _send(kit, "t.leased", tag, 1.5, task_id=task_id)
+    _send(kit, "t.leased", tag, 1.5, task_id=task_id)
+    kit.wait_done(task_id, 2)
+    states = [state for _, state in kit.executions(task_id)]
+    assert states.count("RETRY") >= 1 and states.count("SUCCESS") == 2
+    assert int(kit.redis.get(f"{kit.prefix}runs:{tag}") or 0) == 1
+    assert kit.app.AsyncResult(task_id).get(timeout=5) == {"runs": 1, "attempt": 1}

@@ -36,7 +36,7 @@ from onceonly._core import codec
 from onceonly._core.fingerprint import fingerprint
 from onceonly._core.keys import validate_key
 from onceonly._core.state import Policy
-from onceonly.errors import ConfigurationError
+from onceonly.errors import ConfigurationError, InFlight
 from onceonly.events import Listener
 from onceonly.inbox import Inbox
 from onceonly.leased import LeasedRunner
@@ -47,6 +47,9 @@ from onceonly.tx import Tx
 __all__ = ["idempotent_task"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# The shortest countdown of a retry after InFlight, in seconds.
+_MIN_COUNTDOWN = 0.05
 
 
 def _without_tx(fn: Callable[..., Any]) -> inspect.Signature:
@@ -88,6 +91,7 @@ class _IdempotentTask:
         cache_errors: tuple[type[BaseException], ...],
         max_result_bytes: int,
         listeners: tuple[Listener, ...],
+        retry_in_flight: bool,
     ) -> None:
         if max_attempts < 1:
             raise ConfigurationError("max_attempts must be at least 1")
@@ -104,6 +108,7 @@ class _IdempotentTask:
         self.cache_errors = cache_errors
         self.max_result_bytes = max_result_bytes
         self.listeners = listeners
+        self.retry_in_flight = retry_in_flight
         self._runners: dict[str, Inbox | LeasedRunner] = {}
         self._lock = threading.Lock()
 
@@ -171,16 +176,25 @@ class _IdempotentTask:
             scope = self.scope or validate_key(task.name, what="scope")
             payload = {"args": list(call_args), "kwargs": kwargs}
             runner = self._runner(scope)
-            if isinstance(runner, Inbox):
-                head = args[:1] if bound else ()
+            try:
+                if isinstance(runner, Inbox):
+                    head = args[:1] if bound else ()
 
-                def handler(_: Any, tx: Tx) -> Any:
-                    return fn(*head, tx, *call_args, **kwargs)
+                    def handler(_: Any, tx: Tx) -> Any:
+                        return fn(*head, tx, *call_args, **kwargs)
 
-                return runner.process(key, payload, handler, delivery=_delivery(task, key)).result
-            result, _, _ = runner.run(
-                key, fingerprint(payload), lambda: fn(*args, **kwargs), payload
-            )
+                    delivery = _delivery(task, key)
+                    return runner.process(key, payload, handler, delivery=delivery).result
+                result, _, _ = runner.run(
+                    key, fingerprint(payload), lambda: fn(*args, **kwargs), payload
+                )
+            except InFlight as exc:
+                if not self.retry_in_flight:
+                    raise
+                # Another worker runs this key: come back when its lease could lapse (a
+                # crashed holder is then taken over), or after `wait` if that is unknown.
+                countdown = max(exc.retry_after or self.wait, _MIN_COUNTDOWN)
+                raise task.retry(exc=exc, countdown=countdown) from exc
             return result
 
         if signature is not None:
@@ -201,6 +215,7 @@ def idempotent_task(
     cache_errors: tuple[type[BaseException], ...] = (),
     max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
     listeners: Iterable[Listener] = (),
+    retry_in_flight: bool = True,
 ) -> Callable[[F], F]:
     """Make a Celery task run its effect once per task id (or key); put it under
     ``@app.task``.
@@ -223,6 +238,11 @@ def idempotent_task(
         cache_errors: exception classes stored and re-raised to duplicates.
         max_result_bytes: the largest encoded result stored.
         listeners: callables handed an :class:`~onceonly.events.Event` per run.
+        retry_in_flight: when another worker holds the key (:class:`~onceonly.InFlight`
+            after ``wait``), retry through Celery's ``retry`` once the holder's lease
+            could lapse (so a crashed holder is taken over, and a live one's result is
+            replayed); ``False``: raise ``InFlight``. Each such retry counts against
+            the task's ``max_retries``, not against ``max_attempts``.
 
     Returns:
         A decorator; Celery sees the function's signature without ``tx``.
@@ -245,4 +265,5 @@ def idempotent_task(
         cache_errors=cache_errors,
         max_result_bytes=max_result_bytes,
         listeners=tuple(listeners),
+        retry_in_flight=retry_in_flight,
     )
