@@ -21,7 +21,6 @@ from celery import Celery, signals
 
 import onceonly
 from onceonly.contrib.celery import idempotent_task
-from onceonly.leased import current_claim
 
 
 def build(cfg: dict[str, Any]) -> Celery:
@@ -86,7 +85,7 @@ def build(cfg: dict[str, Any]) -> Celery:
             marker.write_text("running")
             time.sleep(60)  # the test SIGKILLs the worker here
         time.sleep(seconds)
-        return {"runs": n, "attempt": current_claim().attempt}
+        return {"runs": n, "attempt": onceonly.current_claim().attempt}
 
     @app.task(name="t.effect", shared=False)
     @idempotent_task(onceonly.open_store(cfg["redis"], prefix=f"{prefix}rec:"))
