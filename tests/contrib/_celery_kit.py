@@ -96,6 +96,24 @@ class Kit:
             proc.send_signal(sig)
         proc.wait(10)
 
+    def crash(self, name: str, *args: object) -> tuple[str, str]:
+        """Send ``name(*args)`` to a worker of its own (on a queue of its own) and
+        SIGKILL that worker mid-task (the task waits for it after writing its marker
+        file, named by its first argument). Returns the queue and the task id."""
+        queue = f"{self.cfg['queue']}.{name}"
+        task_id = str(uuid.uuid4())
+        self.start("crasher", queue, crasher=True)
+        self.wait_ready("crasher")
+        self.app.send_task(name, args=list(args), task_id=task_id, queue=queue)
+        marker = self.tmp / str(args[0])
+        deadline = time.monotonic() + 15
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the task never started"
+            time.sleep(0.02)
+        time.sleep(0.2)  # inside the task's sleep, past its writes
+        self.kill("crasher")
+        return queue, task_id
+
     def executions(self, task_id: str) -> list[tuple[str, str]]:
         """(worker, state) of every finished execution of ``task_id``, in order."""
         found = self.redis.lrange(f"{self.prefix}done:{task_id}", 0, -1)

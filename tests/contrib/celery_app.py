@@ -22,13 +22,17 @@ from celery import Celery, signals
 import onceonly
 from onceonly.contrib.celery import idempotent_task
 
+VISIBILITY_TIMEOUT = 2.0
+
 
 def build(cfg: dict[str, Any]) -> Celery:
     app = Celery("onceonly_test", broker=cfg["broker"], backend=cfg["backend"])
     prefix = cfg["prefix"]
     options: dict[str, Any] = {"confirm_publish": True}
     if cfg["broker"].startswith("redis"):
-        options = {"global_keyprefix": prefix, "visibility_timeout": 30}
+        # an unacknowledged task is redelivered 2 s after its delivery (tasks here are
+        # short; the crash test waits that long)
+        options = {"global_keyprefix": prefix, "visibility_timeout": VISIBILITY_TIMEOUT}
     app.conf.update(
         task_default_queue=cfg["queue"],
         task_acks_late=True,

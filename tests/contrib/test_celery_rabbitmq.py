@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -108,21 +107,10 @@ def test_a_task_failing_max_attempts_times_is_dead(kit: Kit) -> None:
 def _crash_and_redeliver_to_w1(
     kit: Kit, name: str, *args: object, killed: Callable[[], None] = lambda: None
 ) -> tuple[str, object]:
-    """Run ``name`` on a worker of its own, SIGKILL it mid-task, let w1 take the queue
-    over (the broker redelivers the unacknowledged task); the task id and its result.
-    ``killed`` runs between the kill and the redelivery."""
-    queue = f"{kit.cfg['queue']}.{name}"
-    tag, task_id = str(args[0]), str(uuid.uuid4())
-    kit.start("crasher", queue, crasher=True)
-    kit.wait_ready("crasher")
-    kit.app.send_task(name, args=list(args), task_id=task_id, queue=queue)
-    marker = kit.tmp / tag
-    deadline = time.monotonic() + 15
-    while not marker.exists():
-        assert time.monotonic() < deadline, "the task never started"
-        time.sleep(0.02)
-    time.sleep(0.2)  # inside the sleep: its business row is written, not committed
-    kit.kill("crasher")
+    """SIGKILL a worker mid-task, let w1 take its queue over (RabbitMQ redelivers the
+    unacknowledged task at once); the task id and its result. ``killed`` runs between
+    the kill and the redelivery."""
+    queue, task_id = kit.crash(name, *args)
     killed()
     reply = kit.app.control.add_consumer(
         queue, destination=[kit.nodename("w1")], reply=True, timeout=5

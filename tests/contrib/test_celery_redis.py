@@ -8,6 +8,7 @@ async path here (AsyncInbox, AsyncRelay, AsyncCeleryPublisher).
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import onceonly
 from onceonly.contrib.celery import AsyncCeleryPublisher, enqueue
 from tests.conftest import PG_URL, REDIS_URL, require_postgres, require_redis
 from tests.contrib._celery_kit import Kit
+from tests.contrib.celery_app import VISIBILITY_TIMEOUT
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +73,17 @@ def test_leased_task_on_the_redis_store_runs_once_per_task_id(kit: Kit) -> None:
     other = str(uuid.uuid4())  # another task id is another key: it runs
     kit.app.send_task("t.effect", args=[tag], task_id=other)
     assert kit.app.AsyncResult(other).get(timeout=10) == 2
+
+
+def test_sigkill_mid_task_with_acks_late_is_restored_and_commits_once(kit: Kit) -> None:
+    """Redis: the unacknowledged task comes back after the visibility timeout; atomic
+    mode left nothing of the killed run, and the redelivery writes the row once."""
+    tag = uuid.uuid4().hex
+    queue, task_id = kit.crash("t.crashy", tag)
+    assert kit.rows(tag) == 0
+    time.sleep(VISIBILITY_TIMEOUT)  # kombu restores messages unacknowledged this long
+    kit.start("r2", queue)
+    result = kit.app.AsyncResult(task_id).get(timeout=20)
+    assert result == {"redelivered": True, "attempt": 1}  # kombu flags a restored task
+    assert kit.rows(tag) == 1
+    assert kit.done(task_id) == ["r2"]
