@@ -157,3 +157,40 @@ def test_configuration_errors(app: Celery, store: Any, tmp_path: Path) -> None:
 
     assert keyed(5) == 5
     assert keyed.apply(args=[5]).get() == 5  # eager, another task id, same key: replayed
+
+
+def test_celery_checks_an_atomic_tasks_arguments_without_tx(app: Celery, store: Any) -> None:
+    """Celery's call check sees the signature without ``tx`` (after ``self`` if bound)."""
+
+    @app.task(name="t.atomic", shared=False)
+    @idempotent_task(store, atomic=True)
+    def atomic(tx: onceonly.Tx, order_id: str, amount: int = 0) -> None: ...
+
+    @app.task(name="t.bound", shared=False, bind=True)
+    @idempotent_task(store, atomic=True)
+    def bound(self: Any, tx: onceonly.Tx, order_id: str) -> None: ...
+
+    atomic.apply_async(args=["o1"], kwargs={"amount": 2})
+    bound.apply_async(args=["o1"])
+    with pytest.raises(TypeError):
+        atomic.apply_async(args=[])
+    with pytest.raises(TypeError):
+        bound.apply_async(args=["o1", "extra"])
+
+
+def test_an_eager_atomic_task_runs_once_per_task_id(app: Celery, store: Any) -> None:
+    """apply() with a task id twice: the second replays; a bound task gets self and tx."""
+    runs: list[tuple[str, int]] = []
+
+    @app.task(name="t.eager", shared=False, bind=True)
+    @idempotent_task(store, atomic=True)
+    def eager(self: Any, tx: onceonly.Tx, n: int) -> dict[str, Any]:
+        runs.append((self.request.id, tx.attempt))
+        return {"n": n, "key": tx.key}
+
+    first = eager.apply(args=[1], task_id="tid-1").get()
+    again = eager.apply(args=[1], task_id="tid-1").get()
+    assert first == again == {"n": 1, "key": "tid-1"}
+    assert runs == [("tid-1", 1)]
+    with pytest.raises(onceonly.PayloadMismatch):
+        eager.apply(args=[2], task_id="tid-1").get()
