@@ -9,6 +9,7 @@ outbox id as the task id.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ from onceonly.messaging import OutboxMessage
 @pytest.fixture
 def app() -> Celery:
     app = Celery("enqueue-test", broker="memory://")
-    app.conf.task_default_queue = "jobs"
+    # kombu's memory transport is one per process: a queue of this test's own
+    app.conf.task_default_queue = f"jobs-{uuid.uuid4().hex}"
 
     @app.task(name="t.send", shared=False)
     def send(to: str, subject: str = "") -> None: ...
@@ -85,7 +87,7 @@ def test_enqueue_writes_a_row_in_the_transaction_and_the_relay_sends_protocol_v2
 
     task_id = inbox.process("u1", {"email": "a@x"}, handler).result
     assert onceonly.Relay(store, CeleryPublisher(app)).run_once().published == 1
-    message = _received(app, "jobs")
+    message = _received(app, app.conf.task_default_queue)
     assert message.content_type == "application/json"
     assert message.headers["id"] == task_id == message.properties["correlation_id"]
     assert message.headers["task"] == "t.send"
@@ -160,7 +162,8 @@ def test_configuration_errors(app: Celery, store: Any, tmp_path: Path) -> None:
 
 
 def test_celery_checks_an_atomic_tasks_arguments_without_tx(app: Celery, store: Any) -> None:
-    """Celery's call check sees the signature without ``tx`` (after ``self`` if bound)."""
+    """Celery's call check sees the function's signature, without ``tx`` (after ``self``
+    if bound) for atomic tasks."""
 
     @app.task(name="t.atomic", shared=False)
     @idempotent_task(store, atomic=True)
@@ -170,6 +173,12 @@ def test_celery_checks_an_atomic_tasks_arguments_without_tx(app: Celery, store: 
     @idempotent_task(store, atomic=True)
     def bound(self: Any, tx: onceonly.Tx, order_id: str) -> None: ...
 
+    @app.task(name="t.leased_check", shared=False)
+    @idempotent_task(store)
+    def leased(order_id: str) -> None: ...
+
+    with pytest.raises(TypeError):
+        leased.apply_async(args=[])
     atomic.apply_async(args=["o1"], kwargs={"amount": 2})
     bound.apply_async(args=["o1"])
     with pytest.raises(TypeError):

@@ -155,7 +155,8 @@ class _IdempotentTask:
             return runner
 
     def __call__(self, fn: F) -> F:
-        signature = _without_tx(fn) if self.atomic else None
+        # what Celery checks calls against (it does not follow __wrapped__)
+        signature = _without_tx(fn) if self.atomic else inspect.signature(fn)
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -197,8 +198,7 @@ class _IdempotentTask:
                 raise task.retry(exc=exc, countdown=countdown) from exc
             return result
 
-        if signature is not None:
-            run.__signature__ = signature  # type: ignore[attr-defined]
+        run.__signature__ = signature  # type: ignore[attr-defined]
         return run  # type: ignore[return-value]
 
 
