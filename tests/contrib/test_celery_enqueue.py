@@ -9,6 +9,7 @@ outbox id as the task id.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from celery import Celery
 import onceonly
 from onceonly.contrib.celery import CeleryPublisher, enqueue, idempotent_task, task_call
 from onceonly.messaging import OutboxMessage
+from onceonly.testing import ListPublisher
 
 
 @pytest.fixture
@@ -54,12 +56,12 @@ def test_task_call_takes_a_task_a_name_or_a_signature(app: Celery) -> None:
     """Arguments of a signature come first; its routing options are kept."""
     send = app.tasks["t.send"]
     assert task_call(send, "a@x", subject="hi") == (
-        "t.send",
+        "celery:t.send",
         {"args": ["a@x"], "kwargs": {"subject": "hi"}, "options": {}},
     )
-    assert task_call("t.send", "a@x")[0] == "t.send"
+    assert task_call("t.send", "a@x")[0] == "celery:t.send"
     topic, payload = task_call(send.s("a@x").set(queue="mail", priority=3), subject="s")
-    assert topic == "t.send"
+    assert topic == "celery:t.send"
     assert payload == {
         "args": ["a@x"],
         "kwargs": {"subject": "s"},
@@ -114,8 +116,30 @@ def test_a_rolled_back_transaction_enqueues_nothing(app: Celery, store: Any) -> 
 def test_a_row_that_is_not_a_task_call_is_refused(app: Celery) -> None:
     """A PublishError (counted by the relay), not a crash of the relay."""
     with pytest.raises(onceonly.PublishError) as info:
-        CeleryPublisher(app).publish(OutboxMessage(id="m1", topic="t.send", payload='"x"'))
+        CeleryPublisher(app).publish(OutboxMessage(id="m1", topic="celery:t", payload='"x"'))
     assert not isinstance(info.value, onceonly.BrokerUnavailable)
+
+
+def test_one_relay_sends_tasks_to_celery_and_events_to_their_publisher(
+    app: Celery, store: Any
+) -> None:
+    """Rows written by tx.publish go to ``others``; without it they are refused."""
+    inbox = onceonly.Inbox(store, consumer="signup")
+
+    def handler(user: dict[str, str], tx: onceonly.Tx) -> str:
+        tx.publish("users.created", {"email": user["email"]})
+        return enqueue(tx, "t.send", user["email"])
+
+    task_id = inbox.process("u3", {"email": "c@x"}, handler).result
+    refused = onceonly.Relay(store, CeleryPublisher(app), backoff_base=0.01, backoff_cap=0.01)
+    assert refused.run_once().failed == 1  # the event: no publisher for it
+    _received(app, app.conf.task_default_queue)  # the task went
+    events = ListPublisher()
+    time.sleep(0.05)  # past the refused row's backoff
+    stats = onceonly.Relay(store, CeleryPublisher(app, others=events)).run_once()
+    assert stats.published == 1
+    [event] = events.messages
+    assert event.topic == "users.created" and event.id != task_id
 
 
 def test_an_unreachable_broker_is_transient() -> None:
@@ -126,7 +150,8 @@ def test_an_unreachable_broker_is_transient() -> None:
     publisher = CeleryPublisher(app)
     with pytest.raises(onceonly.BrokerUnavailable):
         publisher.connect()
-    message = OutboxMessage(id="m2", topic="t.send", payload=json.dumps(task_call("t.send")[1]))
+    topic, payload = task_call("t.send")
+    message = OutboxMessage(id="m2", topic=topic, payload=json.dumps(payload))
     with pytest.raises(onceonly.BrokerUnavailable):
         publisher.publish(message)
     publisher.close()

@@ -58,7 +58,7 @@ def test_outbox_enqueue_relay_and_a_resend_run_once(kit: Kit) -> None:
     publisher = CeleryPublisher(kit.app)
     outbox = onceonly.Outbox(kit.store)
     [row] = outbox.rows("pending")
-    assert row.message.id == task_id and row.message.topic == "t.record"
+    assert row.message.id == task_id and row.message.topic == "celery:t.record"
     assert onceonly.Relay(kit.store, publisher).run_once().published == 1
     result = kit.app.AsyncResult(task_id).get(timeout=15)
     assert result == {"tag": tag, "n": 7, "attempt": 1}

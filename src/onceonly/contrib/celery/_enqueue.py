@@ -2,13 +2,16 @@
 """Outbox-backed enqueue of Celery tasks, and the publisher a relay sends them with.
 
 ``enqueue(tx, task, *args, **kwargs)`` writes one outbox row in the business
-transaction: its topic is the task's name, its payload ``{"args", "kwargs",
+transaction: its topic is ``celery:<task name>``, its payload ``{"args", "kwargs",
 "options"}``. The relay hands the row to :class:`CeleryPublisher`, which sends it with
 Celery's own ``send_task`` (so the message is whatever Celery's protocol and the app's
 serializer, routes and broker make of it) and **the outbox row's id as the task id**.
 A relay that crashes between the broker's acceptance and deleting the row sends the
 row again under the same task id; :func:`~onceonly.contrib.celery.idempotent_task`
 keyed by the task id (its default) runs it once.
+
+Events (``tx.publish``) and tasks may share one outbox table and one relay: the
+publisher sends ``celery:`` rows to Celery and hands the others to ``others``.
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from typing import Any, overload
 from kombu.exceptions import OperationalError
 
 from onceonly.errors import BrokerUnavailable, ConfigurationError, PublishError
-from onceonly.messaging import OutboxMessage
+from onceonly.messaging import AsyncPublisher, OutboxMessage, Publisher
 from onceonly.tx import Tx
 from onceonly.tx_async import AsyncTx
 
-__all__ = ["AsyncCeleryPublisher", "CeleryPublisher", "enqueue", "task_call"]
+__all__ = ["TOPIC_PREFIX", "AsyncCeleryPublisher", "CeleryPublisher", "enqueue", "task_call"]
+
+#: The topic of an outbox row that is a Celery task is this prefix and the task's name.
+TOPIC_PREFIX = "celery:"
 
 #: ``apply_async`` options an outbox row may carry (all JSON, none tied to the moment
 #: of the call); ``countdown`` counts from the relay's send.
@@ -61,7 +67,8 @@ def task_call(task: Any, *args: Any, **kwargs: Any) -> tuple[str, dict[str, Any]
         **kwargs: the task's keyword arguments (JSON values).
 
     Returns:
-        The topic (the task's name) and the payload ``{"args", "kwargs", "options"}``.
+        The topic (``celery:`` and the task's name) and the payload ``{"args",
+        "kwargs", "options"}``.
 
     Raises:
         ConfigurationError: ``task`` is none of those, or a signature carries an option
@@ -84,7 +91,7 @@ def task_call(task: Any, *args: Any, **kwargs: Any) -> tuple[str, dict[str, Any]
             f"enqueue() cannot carry the option(s) {', '.join(unknown)} through the outbox "
             f"(supported: {', '.join(sorted(OPTIONS))})"
         )
-    return name, {"args": list(args), "kwargs": kwargs, "options": options}
+    return TOPIC_PREFIX + name, {"args": list(args), "kwargs": kwargs, "options": options}
 
 
 @overload
@@ -125,6 +132,9 @@ class CeleryPublisher:
         app: the Celery app whose broker, routes and serializer to use. On RabbitMQ set
             ``broker_transport_options={"confirm_publish": True}`` so a send returns
             only once the broker confirmed it.
+        others: the publisher of the outbox's other rows (events written with
+            ``tx.publish``), so one relay serves both; without it such a row is
+            refused (:class:`~onceonly.PublishError`).
 
     Sends are not retried here (the relay retries the row with backoff), but opening a
     connection follows kombu's connection retries (``broker_transport_options``
@@ -137,15 +147,19 @@ class CeleryPublisher:
     .. versionadded:: 0.3
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, others: Publisher | None = None) -> None:
         self.app = app
+        self.others = others
 
     def connect(self) -> None:
-        """Check the broker answers (a relay does at start-up).
+        """Check the broker (and ``others``) answers (a relay does at start-up).
 
         Raises:
             BrokerUnavailable: the broker cannot be reached or refused the login.
         """
+        connect = getattr(self.others, "connect", None)
+        if connect is not None:
+            connect()
         try:
             with self.app.connection_for_write() as conn:
                 conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
@@ -153,12 +167,24 @@ class CeleryPublisher:
             raise BrokerUnavailable(f"cannot reach Celery's broker: {exc!r}") from exc
 
     def publish(self, message: OutboxMessage) -> None:
-        """Send ``message`` as the task ``message.topic`` with task id ``message.id``.
+        """Send a ``celery:<task name>`` row as that task with task id ``message.id``;
+        hand any other row to ``others``.
 
         Raises:
-            PublishError: the row is not a task call, or the broker refused it.
+            PublishError: the row is not a task call (and there is no ``others``), or
+                the broker refused it.
             BrokerUnavailable: the broker could not be reached.
         """
+        if not message.topic.startswith(TOPIC_PREFIX):
+            if self.others is None:
+                raise PublishError(
+                    f"outbox row {message.id} (topic {message.topic!r}) is not a Celery task;"
+                    " give CeleryPublisher(others=...) a publisher for the other rows",
+                    key=message.id,
+                )
+            self.others.publish(message)
+            return
+        name = message.topic[len(TOPIC_PREFIX) :]
         try:
             payload = message.decoded()
             args, kwargs = list(payload["args"]), dict(payload["kwargs"])
@@ -169,7 +195,7 @@ class CeleryPublisher:
             ) from exc
         try:
             self.app.send_task(
-                message.topic,
+                name,
                 args=args,
                 kwargs=kwargs,
                 task_id=message.id,
@@ -178,36 +204,43 @@ class CeleryPublisher:
                 **options,
             )
         except (OperationalError, OSError) as exc:
-            raise BrokerUnavailable(
-                f"cannot send task {message.topic!r}: {exc!r}", key=message.id
-            ) from exc
+            raise BrokerUnavailable(f"cannot send task {name!r}: {exc!r}", key=message.id) from exc
         except Exception as exc:
-            raise PublishError(
-                f"Celery refused task {message.topic!r}: {exc!r}", key=message.id
-            ) from exc
+            raise PublishError(f"Celery refused task {name!r}: {exc!r}", key=message.id) from exc
 
     def close(self) -> None:
-        """Nothing to release: the connections are the app's (kombu pools them per
+        """Close ``others``. The Celery connections are the app's (kombu pools them per
         broker URL, shared with every other user of the app in this process)."""
+        if self.others is not None:
+            self.others.close()
 
 
 class AsyncCeleryPublisher:
-    """:class:`CeleryPublisher` for an ``AsyncRelay`` (each send runs in a thread).
+    """:class:`CeleryPublisher` for an ``AsyncRelay``: each Celery send runs in a
+    thread; ``others`` is an async publisher.
 
     .. versionadded:: 0.3
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, others: AsyncPublisher | None = None) -> None:
         self.sync = CeleryPublisher(app)
+        self.others = others
 
     async def connect(self) -> None:
         """See :meth:`CeleryPublisher.connect`."""
+        connect = getattr(self.others, "connect", None)
+        if connect is not None:
+            await connect()
         await asyncio.to_thread(self.sync.connect)
 
     async def publish(self, message: OutboxMessage) -> None:
         """See :meth:`CeleryPublisher.publish`."""
+        if self.others is not None and not message.topic.startswith(TOPIC_PREFIX):
+            await self.others.publish(message)
+            return
         await asyncio.to_thread(self.sync.publish, message)
 
     async def close(self) -> None:
         """See :meth:`CeleryPublisher.close`."""
-        await asyncio.to_thread(self.sync.close)
+        if self.others is not None:
+            await self.others.close()
