@@ -154,7 +154,12 @@ class Kit:
             for queue in self.queues:
                 with contextlib.suppress(Exception):
                     conn.default_channel.queue_delete(queue)
-        self.app.pool.force_close_all()
+        self.app.pool.force_close_all()  # this module's own pool (its own transport options)
+        backend: Any = self.app.backend
+        pubsub = getattr(backend.result_consumer, "_pubsub", None)
+        if pubsub is not None:
+            pubsub.close()
+        backend.client.connection_pool.disconnect()
         self.store.close()
         for suffix in ("", "_outbox", "_biz"):
             drop_pg_table(f"{self.table}{suffix}")
