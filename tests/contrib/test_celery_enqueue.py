@@ -165,6 +165,11 @@ def test_configuration_errors(app: Celery, store: Any, tmp_path: Path) -> None:
         idempotent_task(redis_like, atomic=True)
     with pytest.raises(onceonly.ConfigurationError, match="must take tx"):
         idempotent_task(store, atomic=True)(lambda: None)
+
+    async def coroutine() -> None: ...
+
+    with pytest.raises(onceonly.ConfigurationError, match="async"):
+        idempotent_task(store)(coroutine)
     async_store = onceonly.open_async_store("memory://")
     with pytest.raises(onceonly.ConfigurationError, match="sync"):
         idempotent_task(async_store)

@@ -155,6 +155,8 @@ class _IdempotentTask:
             return runner
 
     def __call__(self, fn: F) -> F:
+        if inspect.iscoroutinefunction(fn):
+            raise ConfigurationError(f"{fn.__qualname__} is async: Celery runs sync tasks")
         # what Celery checks calls against (it does not follow __wrapped__)
         signature = _without_tx(fn) if self.atomic else inspect.signature(fn)
 
