@@ -15,6 +15,9 @@ flight). :class:`ConsumerLoop` owns everything else, the same for every broker:
   retried; the catch-all: whatever fails on the way, the delivery is retried;
 * the poison rule: a delivery the broker counts past ``max_deliveries`` is
   dead-lettered without running (this counts the crashes of atomic mode);
+* batches (``batch_size`` > 1): deliveries already received are gathered (at most
+  ``batch_wait`` after the first) into one ``inbox.process_batch`` transaction, then
+  each is settled by its own outcome by the same rules (:mod:`._consumer_batch`);
 * lease extension: every ``transport.extend_every`` seconds, the deliveries in flight
   are extended in one call;
 * the lifecycle: ``run()`` (one at a time; a stopped consumer may run again;
