@@ -14,7 +14,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import aiormq
 import pamqp.header
@@ -65,6 +65,8 @@ class Kit:
     name = ""
     #: a message sent without an id still has one (SQS's MessageId)
     always_has_id = False
+    #: consumer options so that what a stopped consumer held comes back soon
+    takeover: ClassVar[dict[str, Any]] = {}
 
     async def start(self) -> None: ...
 
@@ -232,6 +234,7 @@ class NatsKit(Kit):
 
 class RedisKit(Kit):
     name = "redis"
+    takeover: ClassVar[dict[str, Any]] = {"claim_idle": 0.2}
 
     async def start(self) -> None:
         import redis.asyncio

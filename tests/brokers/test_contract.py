@@ -316,3 +316,133 @@ async def test_one_run_at_a_time_and_stop_before_start(kit: Kit, store: Any) -> 
             await c.run()
     async with c:  # a stopped consumer runs again
         pass
+
+
+# -- batches: one transaction, each delivery settled by its own outcome ---------------
+
+
+def count_batches(store: Any) -> list[int]:
+    """Counts the inbox's own transactions (a batch is one; joined savepoints are not)."""
+    opened: list[int] = []
+    original = store.transaction
+
+    def counting(connection: Any = None, **kw: Any) -> Any:
+        if connection is None and "lock_wait" in kw:
+            opened.append(1)
+        return original(connection, **kw)
+
+    store.transaction = counting
+    return opened
+
+
+BATCH: dict[str, Any] = {"batch_size": 4, "batch_wait": 0.5}
+
+
+async def test_batch_is_one_transaction_and_runs_duplicates_once(kit: Kit, store: Any) -> None:
+    """Four deliveries (one a duplicate) in one batch: one transaction, each key run
+    once, every delivery acked. (Ids from a payload field: JetStream drops a second
+    Nats-Msg-Id itself.)"""
+    calls: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        calls.append(tx.key)
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
+
+    for key in ("e-1", "e-2", "e-3", "e-2"):
+        await kit.send({"event_id": key})
+    opened = count_batches(store)
+    async with kit.consumer(inbox(store), handler, message_id="event_id", **BATCH):
+        await eventually(lambda: _ledger_is(store, ["e-1", "e-2", "e-3"]))
+        await asyncio.sleep(0.3)
+    assert sorted(calls) == ["e-1", "e-2", "e-3"]
+    assert len(opened) == 1
+    assert await kit.settled()
+    assert await kit.dead() == []
+
+
+async def test_batch_failing_message_is_retried_alone(kit: Kit, store: Any) -> None:
+    """One handler failure in a batch rolls back that message alone: the others commit
+    and are acked once; the failed one is redelivered (counted) and then commits."""
+    seen: list[tuple[str, int | None]] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        assert tx.delivery is not None
+        seen.append((tx.key, tx.delivery.delivery_count))
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
+        if tx.key == "m-2" and tx.delivery.delivery_count == 1:
+            raise RuntimeError("flaky")
+
+    for n in (1, 2, 3):
+        await kit.send({"n": n}, message_id=f"m-{n}")
+    async with kit.consumer(inbox(store), handler, batch_size=3, batch_wait=0.5):
+        await eventually(lambda: _ledger_is(store, ["m-1", "m-2", "m-3"]))
+        await asyncio.sleep(0.2)
+    assert sorted(seen) == [("m-1", 1), ("m-2", 1), ("m-2", 2), ("m-3", 1)]
+    assert await kit.settled()
+    assert await kit.dead() == []
+
+
+async def test_batch_poison_delivery_is_dead_lettered_before_the_batch_runs(
+    kit: Kit, store: Any
+) -> None:
+    """A delivery counted past max_deliveries (its first run never ended: the consumer
+    stopped past shutdown_timeout) is dead-lettered unrun; the rest of its batch runs."""
+    started = asyncio.Event()
+
+    async def hang(payload: Any, tx: onceonly.AsyncTx) -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    await kit.send({"n": 0}, message_id="poison")
+    c = kit.consumer(inbox(store), hang, max_deliveries=1, shutdown_timeout=0.1)
+    task = asyncio.ensure_future(c.run())
+    await asyncio.wait_for(started.wait(), 10)
+    await c.stop()
+    await task
+    calls: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        calls.append(tx.key)
+
+    for n in (1, 2):
+        await kit.send({"n": n}, message_id=f"m-{n}")
+    options = {"max_deliveries": 1, "batch_size": 3, "batch_wait": 0.5, **kit.takeover}
+    async with kit.consumer(inbox(store), handler, **options):
+        await eventually(lambda: dead_count(kit, 1))
+        await eventually(lambda: _true(len(calls) == 2))
+    [(_, headers)] = await kit.dead()
+    assert headers["onceonly-dead-reason"] == "max-deliveries"
+    assert headers["onceonly-message-id"] == "poison"
+    assert sorted(calls) == ["m-1", "m-2"]
+    assert await kit.settled()
+
+
+async def test_batch_whose_store_fails_acks_nothing(kit: Kit, store: Any) -> None:
+    """The store goes away under a batch: nothing commits, nothing is acked or counted;
+    the next consumer processes every message once."""
+    down = True
+    tried = asyncio.Event()
+    calls: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
+        if down:
+            tried.set()
+            raise onceonly.StoreUnavailable("connection lost")
+        calls.append(tx.key)
+
+    for n in (1, 2, 3):
+        await kit.send({"n": n}, message_id=f"m-{n}")
+    opened = count_batches(store)
+    c = kit.consumer(inbox(store), handler, batch_size=3, batch_wait=0.5)
+    async with c:
+        await asyncio.wait_for(tried.wait(), 10)
+        await eventually(lambda: _true(len(opened) >= 2))  # the whole batch, again
+    assert await ledger(store) == []
+    assert await kit.dead() == []
+    down = False
+    async with kit.consumer(inbox(store), handler, batch_size=3, batch_wait=0.5, **kit.takeover):
+        await eventually(lambda: _ledger_is(store, ["m-1", "m-2", "m-3"]))
+        await asyncio.sleep(0.2)
+    assert sorted(calls) == ["m-1", "m-2", "m-3"]
+    assert await kit.settled()

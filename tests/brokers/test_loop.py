@@ -185,3 +185,29 @@ async def test_a_cancelled_run_hands_its_deliveries_back(store: Any) -> None:
     await _run_and_cancel(consumer(store, broker, handler), started.wait())
     assert len(broker.queue("q").ready) == 1
     assert broker.acked.get("q") is None
+
+
+async def test_a_lone_message_waits_only_batch_wait(store: Any) -> None:
+    """With batch_size=32 a single message is not held for a full batch: it runs after
+    about batch_wait, and later arrivals form batches of what has already arrived."""
+    broker = MemoryBroker()
+    done: list[float] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        done.append(time.monotonic())
+
+    async with consumer(store, broker, handler, batch_size=32, batch_wait=0.05) as c:
+        assert c.concurrency >= 32  # room for one batch at least
+        sent = time.monotonic()
+        broker.send("q", body=b'{"n": 1}', message_id="m-1")
+        await eventually(lambda: len(done) == 1)
+        assert done[0] - sent < 1.0
+
+
+def test_batch_settings_are_checked(store: Any) -> None:
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        return None
+
+    for bad in ({"batch_size": 0}, {"batch_wait": -1.0}):
+        with pytest.raises(onceonly.ConfigurationError):
+            consumer(store, MemoryBroker(), handler, **bad)

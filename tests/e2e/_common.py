@@ -5,7 +5,9 @@ One pipeline is named by a prefix ``e2e_<hex>``: service A's ``<prefix>_events``
 the outbox ``<prefix>_outbox``; service B's inbox records ``<prefix>_records`` and its
 ledger ``<prefix>_ledger``; on the broker the topic ``<prefix>`` (a RabbitMQ queue on
 the default exchange, a NATS subject captured by the stream ``<PREFIX>``, a Redis stream
-key) and its dead-letter destination ``<prefix>.dead``.
+key, an SQS queue) and its dead-letter destination ``<prefix>.dead`` (SQS:
+``<prefix>-dead``). SQS is moto_server, a real HTTP process the test starts: no SQS runs
+on these machines.
 
 This module imports no test framework: ``_relay.py`` and ``_consumer.py`` run it in
 their own processes.
@@ -28,7 +30,12 @@ BROKER_URLS = {
     "rabbitmq": os.environ.get("ONCEONLY_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/"),
     "nats": os.environ.get("ONCEONLY_TEST_NATS", "nats://127.0.0.1:4222"),
     "redis": os.environ.get("ONCEONLY_TEST_REDIS", "redis://127.0.0.1:6379/0"),
+    # moto_server (a real HTTP process speaking the SQS API: no SQS runs on these
+    # machines); the test starts one when this is empty (tests/brokers/_kits.py)
+    "sqs": os.environ.get("ONCEONLY_TEST_SQS", ""),
 }
+#: what the SQS clients of every process pass besides the endpoint (moto takes any)
+SQS_OPTIONS = {"region_name": "us-east-1", "aws_access_key_id": "t", "aws_secret_access_key": "t"}
 BROKERS = tuple(BROKER_URLS)
 
 CONSUMER = "ledger"  # the inbox scope, the Redis group and the NATS durable
@@ -72,6 +79,10 @@ class Names:
         return f"{self.prefix}.dead"
 
     @property
+    def sqs_dead(self) -> str:
+        return f"{self.prefix}-dead"  # SQS queue names have no dots
+
+    @property
     def nats_stream(self) -> str:
         return self.prefix.upper()
 
@@ -110,7 +121,7 @@ def via(url: str, port: int) -> str:
 
 def host_port(url: str) -> tuple[str, int]:
     parts = urllib.parse.urlsplit(url)
-    default = {"amqp": 5672, "nats": 4222, "redis": 6379}[parts.scheme]
+    default = {"amqp": 5672, "nats": 4222, "redis": 6379, "http": 80}[parts.scheme]
     return parts.hostname or "127.0.0.1", parts.port or default
 
 
@@ -131,6 +142,10 @@ def make_publisher(broker: str, url: str) -> Any:
         from onceonly.brokers.redis_streams import RedisStreamsPublisher
 
         return RedisStreamsPublisher(url, timeout=5.0)
+    if broker == "sqs":
+        from onceonly.brokers.sqs import SqsPublisher
+
+        return SqsPublisher(timeout=5.0, endpoint_url=url, **SQS_OPTIONS)
     raise ValueError(broker)
 
 
@@ -184,6 +199,23 @@ def make_consumer(
             retry_delay=0.2,
             shutdown_timeout=10.0,
         )
+    if broker == "sqs":
+        from onceonly.brokers.sqs import SqsConsumer
+
+        return SqsConsumer(
+            inbox,
+            handler,
+            queue=names.topic,
+            dead_letter=names.sqs_dead,
+            visibility_timeout=int(REDELIVER_AFTER),
+            wait_time=1,
+            concurrency=CONCURRENCY,
+            retry_delay=0.2,
+            max_backoff=1.0,
+            shutdown_timeout=10.0,
+            endpoint_url=url,
+            **SQS_OPTIONS,
+        )
     raise ValueError(broker)
 
 
@@ -223,6 +255,17 @@ def patch_acks(broker: str, on_ack: Any) -> None:
             return await original_xack(self, name, groupname, *ids)
 
         redis_cls.xack = xack
+    elif broker == "sqs":
+        from onceonly.brokers._sqs_transport import SqsTransport
+
+        transport_cls: Any = SqsTransport
+        original_delete = transport_cls.ack
+
+        async def delete(self: Any, d: Any) -> None:  # DeleteMessage
+            on_ack(1)
+            await original_delete(self, d)
+
+        transport_cls.ack = delete
     else:
         raise ValueError(broker)
 
@@ -248,6 +291,9 @@ async def reachable(broker: str, url: str) -> bool:
                 await nc.jetstream().account_info()
             finally:
                 await nc.close()
+        elif broker == "sqs":
+            async with _sqs(url) as client:
+                await asyncio.wait_for(client.list_queues(), 5)
         else:
             import redis.asyncio
 
@@ -292,6 +338,10 @@ async def prepare_broker(broker: str, url: str, names: Names) -> None:
             )
         finally:
             await nc.close()
+    elif broker == "sqs":
+        async with _sqs(url) as client:
+            for queue in (names.topic, names.sqs_dead):
+                await client.create_queue(QueueName=queue)
     else:
         import redis.asyncio
 
@@ -327,6 +377,12 @@ async def cleanup_broker(broker: str, url: str, names: Names) -> None:
                     await js.delete_stream(stream)
         finally:
             await nc.close()
+    elif broker == "sqs":
+        async with _sqs(url) as client:
+            for queue in (names.topic, names.sqs_dead):
+                with contextlib.suppress(Exception):
+                    found = await client.get_queue_url(QueueName=queue)
+                    await client.delete_queue(QueueUrl=found["QueueUrl"])
     else:
         import redis.asyncio
 
@@ -335,3 +391,10 @@ async def cleanup_broker(broker: str, url: str, names: Names) -> None:
             await client.delete(names.topic, names.dead)
         finally:
             await client.aclose()
+
+
+def _sqs(url: str) -> Any:
+    """An aiobotocore SQS client on ``url`` (an async context manager)."""
+    from aiobotocore.session import get_session
+
+    return get_session().create_client("sqs", endpoint_url=url, **SQS_OPTIONS)

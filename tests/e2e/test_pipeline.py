@@ -2,8 +2,9 @@
 """End to end on the real brokers: outbox -> relay -> broker -> inbox consumer -> ledger.
 
 Service A (this test) writes each business event and its outbox row in one PostgreSQL
-transaction. Relays (``_relay.py``) publish the outbox to RabbitMQ, NATS JetStream or
-Redis Streams; service B (``_consumer.py``) consumes through an ``AsyncInbox`` and
+transaction. Relays (``_relay.py``) publish the outbox to RabbitMQ, NATS JetStream,
+Redis Streams or SQS (moto_server: a real HTTP process started by the test, since no SQS
+runs on these machines); service B (``_consumer.py``) consumes through an ``AsyncInbox`` and
 inserts each event id into a ledger with no unique constraint. Faults are injected with
 SIGKILL, a second relay and a TCP proxy whose connections are dropped mid-stream.
 
@@ -264,6 +265,10 @@ class Pipeline:
 def pipeline(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pipeline]:
     broker: str = request.param
     require_postgres()
+    if broker == "sqs" and not BROKER_URLS[broker]:
+        from tests.brokers._kits import moto_endpoint
+
+        BROKER_URLS[broker] = moto_endpoint()  # moto_server: a real process, not SQS
     if broker not in _reachable:
         _reachable[broker] = asyncio.run(_common.reachable(broker, BROKER_URLS[broker]))
     if not _reachable[broker]:

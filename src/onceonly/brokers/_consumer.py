@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -39,7 +38,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from onceonly._core import window
-from onceonly._core.keys import content_key, validate_key
 from onceonly._core.settle import (
     ACK,
     NOT_MIGRATED,
@@ -51,7 +49,8 @@ from onceonly._core.settle import (
     header_text,
     verdict,
 )
-from onceonly.errors import ConfigurationError, InvalidKey, MissingMessageId, StoreUnavailable
+from onceonly.brokers._ids import MessageIds, decode_body, valid_id
+from onceonly.errors import ConfigurationError, InvalidKey, StoreUnavailable
 from onceonly.inbox_async import AsyncInbox, AsyncTx
 from onceonly.messaging import Delivery
 from onceonly.outcome import Outcome
@@ -62,6 +61,7 @@ __all__ = [
     "Handler",
     "InFlightTracker",
     "MessageIds",
+    "Prepared",
     "Settlement",
     "decode_body",
     "default_max_deliveries",
@@ -77,65 +77,6 @@ Handler = Callable[[Any, AsyncTx], Awaitable[Any]]
 #: that the key is dead, the rest for deliveries that end without a verdict (a crash,
 #: a stop past ``shutdown_timeout``, a lost connection).
 DELIVERY_MARGIN = 5
-
-
-class MessageIds:
-    """Where a consumer takes a message's id from.
-
-    The broker's own id (RabbitMQ ``message_id``, the ``Nats-Msg-Id`` header, the
-    stream entry's id field) comes first. Without it, ``fallback`` decides:
-
-    * ``None`` — no fallback: :class:`~onceonly.MissingMessageId` (the message is
-      dead-lettered with reason ``invalid-id``);
-    * ``"content"`` — the SHA-256 of the canonical payload (identical payloads are one
-      message);
-    * a ``str`` naming a top-level payload field, e.g. ``"event_id"``;
-    * a callable ``payload -> str``.
-    """
-
-    def __init__(self, fallback: str | Callable[[Any], str] | None = None) -> None:
-        self.fallback = fallback
-
-    def resolve(self, broker_id: str | None, payload: Any) -> str:
-        """The message id; raises InvalidKey / MissingMessageId when there is none."""
-        if broker_id:
-            return _valid(broker_id)
-        fb = self.fallback
-        if fb is None:
-            raise MissingMessageId(
-                "the message has no id (no broker message id or header) and the consumer "
-                "has no fallback; set message_id='content', a payload field, or a callable"
-            )
-        if fb == "content":
-            return content_key(payload)
-        if isinstance(fb, str):
-            value = payload.get(fb) if isinstance(payload, dict) else None
-            if value is None:
-                raise MissingMessageId(
-                    f"the message has no broker id and no {fb!r} field in its payload"
-                )
-            return _valid(str(value))
-        return _valid(fb(payload))
-
-
-def _valid(message_id: object) -> str:
-    key = validate_key(message_id, what="message id")
-    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in key):
-        raise InvalidKey("message id contains a lone surrogate (it is not valid UTF-8)")
-    return key
-
-
-def decode_body(body: bytes) -> Any:
-    """JSON bodies decode to their value; anything else stays bytes.
-
-    A JSON document nested too deep for the decoder raises ``RecursionError``: the
-    consumer dead-letters it as ``undecodable`` (keeping it as bytes would only fail
-    later, when the inbox fingerprints it).
-    """
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return bytes(body)
 
 
 def default_max_deliveries(inbox: AsyncInbox) -> int:
@@ -281,12 +222,27 @@ class Deliveries:
         Cancellation (a shutdown that cannot wait) propagates: the transaction rolls
         back and the broker redelivers.
         """
+        ready = self.prepare(broker_id, decode, delivery, delivery_count, label)
+        if isinstance(ready, Settlement):
+            return ready
+        return await self.run(ready, stop)
+
+    def prepare(
+        self,
+        broker_id: str | None,
+        decode: Callable[[], Any],
+        delivery: Callable[[str], Delivery],
+        delivery_count: int | None,
+        label: str,
+    ) -> Settlement | Prepared:
+        """What comes before the inbox: the poison rule (:func:`admit`), decoding and
+        the message id. A :class:`Settlement` when the delivery ends here (unrun)."""
         refused = admit(delivery_count, self.max_deliveries)
         if refused is not None:
             known = None
             if broker_id:
                 with contextlib.suppress(InvalidKey):
-                    known = _valid(broker_id)
+                    known = valid_id(broker_id)
             return Settlement(refused, known)
         try:
             payload = decode()
@@ -297,60 +253,94 @@ class Deliveries:
             message_id = self.ids.resolve(broker_id, payload)
         except Exception as exc:
             return Settlement(self._verdict(exc, Stage.KEY, delivery_count))
-        this = delivery(message_id)
-        uncounted = 0
-        raised: list[BaseException] = []  # what the handler itself raised
+        return Prepared(message_id, payload, delivery(message_id), delivery_count)
+
+    def judge(
+        self,
+        exc: Exception,
+        by_handler: BaseException | None,
+        *,
+        label: str,
+        count: int | None,
+        uncounted: int = 0,
+    ) -> Verdict:
+        """The verdict for a delivery whose inbox call raised ``exc`` (``by_handler``:
+        what the handler itself raised, if anything); logs the retries."""
+        # A handler failure counts even if the inbox then failed to record it (and
+        # raised a store error instead): judge by the handler's exception. But
+        # StoreUnavailable from the inbox means the store went away, also under the
+        # handler (a lost connection): transient, never counted.
+        failed = (
+            by_handler
+            if isinstance(by_handler, Exception) and not isinstance(exc, StoreUnavailable)
+            else None
+        )
+        stage = Stage.INBOX if failed is None else Stage.HANDLER
+        decided = self._verdict(exc if failed is None else failed, stage, count, uncounted)
+        if decided.action is Action.RETRY and not decided.counted:
+            # an operator must see a missing migration; the rest is routine
+            say = self.log.warning if decided.reason == NOT_MIGRATED else self.log.info
+            say(
+                "%s: %s (%s); retrying in %.2fs without handing it back",
+                label,
+                decided.reason,
+                decided.error,
+                decided.delay,
+            )
+        elif decided.action is Action.RETRY:
+            self.log.warning(
+                "%s: %s on delivery %s: %s", label, decided.reason, count, decided.error
+            )
+        return decided
+
+    def recording(self, raised: dict[str, BaseException]) -> Handler:
+        """The handler, noting in ``raised`` (by key) what it raised itself."""
 
         async def run(body: Any, tx: AsyncTx) -> Any:
             try:
                 return await self.handler(body, tx)
             except BaseException as exc:
-                raised.append(exc)
+                raised[tx.key] = exc
                 raise
 
+        return run
+
+    async def run(self, p: Prepared, stop: asyncio.Event | None) -> Settlement:
+        """Run a prepared delivery through the inbox; transient failures (the store is
+        unavailable, a duplicate in flight) are retried here, uncounted, until ``stop``."""
+        uncounted = 0
+        raised: dict[str, BaseException] = {}
+        run = self.recording(raised)
         while True:
             raised.clear()
             try:
-                outcome = await self.inbox.process(message_id, payload, run, delivery=this)
-            except Exception as exc:
-                # A handler failure counts even if the inbox then failed to record it
-                # (and raised a store error instead): judge by the handler's exception.
-                # But StoreUnavailable from the inbox means the store went away, also
-                # under the handler (a lost connection): transient, never counted.
-                failed = (
-                    raised[-1]
-                    if raised
-                    and isinstance(raised[-1], Exception)
-                    and not isinstance(exc, StoreUnavailable)
-                    else None
+                outcome = await self.inbox.process(
+                    p.message_id, p.payload, run, delivery=p.delivery
                 )
-                stage = Stage.INBOX if failed is None else Stage.HANDLER
-                decided = self._verdict(
-                    exc if failed is None else failed, stage, delivery_count, uncounted
+            except Exception as exc:
+                decided = self.judge(
+                    exc,
+                    raised.get(p.message_id),
+                    label=p.message_id,
+                    count=p.count,
+                    uncounted=uncounted,
                 )
                 if decided.action is Action.RETRY and not decided.counted:
                     uncounted += 1
-                    # an operator must see a missing migration; the rest is routine
-                    say = self.log.warning if decided.reason == NOT_MIGRATED else self.log.info
-                    say(
-                        "%s: %s (%s); retrying in %.2fs without handing it back",
-                        message_id,
-                        decided.reason,
-                        decided.error,
-                        decided.delay,
-                    )
                     if not await pause(stop, decided.delay):
                         continue
-                elif decided.action is Action.RETRY:
-                    self.log.warning(
-                        "%s: %s on delivery %s: %s",
-                        message_id,
-                        decided.reason,
-                        delivery_count,
-                        decided.error,
-                    )
-                return Settlement(decided, message_id)
-            return Settlement(ACK, message_id, outcome)
+                return Settlement(decided, p.message_id)
+            return Settlement(ACK, p.message_id, outcome)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A delivery ready for the inbox: its message id, payload and metadata."""
+
+    message_id: str
+    payload: Any
+    delivery: Delivery
+    count: int | None
 
 
 def unexpected(exc: BaseException, delay: float) -> Settlement:

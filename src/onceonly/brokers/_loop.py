@@ -15,6 +15,9 @@ flight). :class:`ConsumerLoop` owns everything else, the same for every broker:
   retried; the catch-all: whatever fails on the way, the delivery is retried;
 * the poison rule: a delivery the broker counts past ``max_deliveries`` is
   dead-lettered without running (this counts the crashes of atomic mode);
+* batches (``batch_size`` > 1): deliveries already received are gathered (at most
+  ``batch_wait`` after the first) into one ``inbox.process_batch`` transaction, then
+  each is settled by its own outcome by the same rules (:mod:`._consumer_batch`);
 * lease extension: every ``transport.extend_every`` seconds, the deliveries in flight
   are extended in one call;
 * the lifecycle: ``run()`` (one at a time; a stopped consumer may run again;
@@ -31,7 +34,8 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -42,13 +46,15 @@ from onceonly.brokers._consumer import (
     Handler,
     InFlightTracker,
     MessageIds,
+    Prepared,
     Settlement,
     decode_body,
     pause,
     unexpected,
 )
+from onceonly.brokers._consumer_batch import run_batch
 from onceonly.brokers._transport import Incoming, Transport
-from onceonly.errors import BrokerUnavailable
+from onceonly.errors import BrokerUnavailable, ConfigurationError
 from onceonly.inbox_async import AsyncInbox
 from onceonly.messaging import Delivery
 
@@ -83,7 +89,11 @@ class ConsumerLoop:
         concurrency: int,
         shutdown_timeout: float,
         logger: logging.Logger,
+        batch_size: int = 1,
+        batch_wait: float = 0.01,
     ) -> None:
+        if batch_size < 1 or not batch_wait >= 0:
+            raise ConfigurationError("batch_size must be at least 1 and batch_wait >= 0")
         self.inbox = inbox
         self.handler = handler
         self.ids = message_id if isinstance(message_id, MessageIds) else MessageIds(message_id)
@@ -99,7 +109,10 @@ class ConsumerLoop:
             dedup_window=dedup_window,
         )
         self.max_deliveries = self.deliveries.max_deliveries
-        self.concurrency = concurrency
+        self.batch_size = batch_size
+        self.batch_wait = batch_wait
+        # a batch is cut from the deliveries in flight: room for one batch at least
+        self.concurrency = concurrency = max(concurrency, batch_size)
         self.shutdown_timeout = shutdown_timeout
         self._loop_log = logger
         self._tracker = InFlightTracker(concurrency)
@@ -207,27 +220,64 @@ class ConsumerLoop:
 
     async def _consume(self, stop: asyncio.Event) -> None:
         failures = 0
-        while not stop.is_set():
-            free = await self._take_slots(stop)
-            if not free:
-                break
-            try:
-                batch = await self.transport.receive(free)
-                failures = 0
-            except BrokerUnavailable as exc:
-                failures += 1
-                delay = RECONNECT.delay(failures, self._random.random())
-                self._loop_log.warning(
-                    "%s: receive failed (%s); retrying in %.1fs", self.transport.where, exc, delay
-                )
-                await pause(stop, delay)
-                continue
-            for d in batch:
-                if stop.is_set() or self._free <= 0:
-                    await self._hand_back(d, "stopping" if stop.is_set() else "no free slot")
+        pending: list[Incoming] = []  # received, not yet handed to a handler (batches)
+        since = 0.0
+        receiving: asyncio.Future[Sequence[Incoming]] | None = None
+        try:
+            while True:
+                if pending and (
+                    stop.is_set()
+                    or len(pending) >= self.batch_size
+                    or self._free <= 0
+                    or time.monotonic() - since >= self.batch_wait
+                ):
+                    self._dispatch(pending, stop)
+                    pending = []
+                if receiving is None:
+                    if stop.is_set() or (not pending and not await self._take_slots(stop)):
+                        break
+                    receiving = asyncio.ensure_future(self.transport.receive(self._free))
+                wait = None if not pending else max(0.0, since + self.batch_wait - time.monotonic())
+                await asyncio.wait({receiving}, timeout=wait)
+                if not receiving.done():
+                    continue  # the batch waited long enough; the receive goes on
+                got, receiving = receiving, None
+                try:
+                    batch = got.result()
+                    failures = 0
+                except BrokerUnavailable as exc:
+                    failures += 1
+                    delay = RECONNECT.delay(failures, self._random.random())
+                    self._loop_log.warning(
+                        "%s: receive failed (%s); retrying in %.1fs",
+                        self.transport.where,
+                        exc,
+                        delay,
+                    )
+                    if pending:
+                        self._dispatch(pending, stop)
+                        pending = []
+                    await pause(stop, delay)
                     continue
-                self._free -= 1
-                self._tracker.spawn(self._handle(d, stop))
+                for d in batch:
+                    if stop.is_set() or self._free <= 0:
+                        await self._hand_back(d, "stopping" if stop.is_set() else "no free slot")
+                        continue
+                    self._free -= 1
+                    if not pending:
+                        since = time.monotonic()
+                    pending.append(d)
+                    if len(pending) >= self.batch_size or self.batch_size == 1:
+                        self._dispatch(pending, stop)
+                        pending = []
+        finally:
+            if receiving is not None:
+                receiving.cancel()  # only when run() itself is cancelled
+            if pending:
+                self._dispatch(pending, stop)
+
+    def _dispatch(self, ds: list[Incoming], stop: asyncio.Event) -> None:
+        self._tracker.spawn(self._handle(ds, stop))
 
     async def _hand_back(self, d: Incoming, why: str) -> None:
         try:
@@ -245,32 +295,50 @@ class ConsumerLoop:
 
     # -- one delivery ---------------------------------------------------------------
 
-    async def _handle(self, d: Incoming, stop: asyncio.Event) -> None:
-        self._in_flight[id(d)] = d
+    async def _handle(self, ds: list[Incoming], stop: asyncio.Event) -> None:
+        for d in ds:
+            self._in_flight[id(d)] = d
         try:
             try:
-                settlement = await self._process(d, stop)
+                settlements = await self._process(ds, stop)
             except asyncio.CancelledError:
-                # shutdown could not wait: the transaction rolled back; hand it back
-                await self._hand_back(d, "cancelled")
+                # shutdown could not wait: the transaction rolled back; hand them back
+                for d in ds:
+                    await self._hand_back(d, "cancelled")
                 raise
-            except Exception as exc:  # a bug of ours: still settle the delivery
-                self._loop_log.exception("%s: unexpected error", d.label)
-                settlement = unexpected(exc, self.deliveries.delay(d.delivery_count or 1))
-            try:
-                await self._settle(d, settlement, stop)
-            except Exception as exc:
-                # the broker went away, or a bug: it will come back (redelivery or retry)
-                self._loop_log.warning("%s: could not settle it: %r", d.label, exc)
-                with contextlib.suppress(Exception):
-                    await self.transport.retry(d, self.deliveries.delay(d.delivery_count or 1))
+            except Exception as exc:  # a bug of ours: still settle the deliveries
+                self._loop_log.exception("%s: unexpected error", ds[0].label)
+                settlements = [
+                    unexpected(exc, self.deliveries.delay(d.delivery_count or 1)) for d in ds
+                ]
+            await asyncio.gather(
+                *(self._settle_one(d, s, stop) for d, s in zip(ds, settlements, strict=True))
+            )
         finally:
-            self._in_flight.pop(id(d), None)
+            for d in ds:
+                self._in_flight.pop(id(d), None)
             async with self._slots:
-                self._free += 1
+                self._free += len(ds)
                 self._slots.notify_all()
 
-    async def _process(self, d: Incoming, stop: asyncio.Event) -> Settlement:
+    async def _settle_one(self, d: Incoming, s: Settlement, stop: asyncio.Event) -> None:
+        try:
+            await self._settle(d, s, stop)
+        except Exception as exc:
+            # the broker went away, or a bug: it will come back (redelivery or retry)
+            self._loop_log.warning("%s: could not settle it: %r", d.label, exc)
+            with contextlib.suppress(Exception):
+                await self.transport.retry(d, self.deliveries.delay(d.delivery_count or 1))
+
+    async def _process(self, ds: list[Incoming], stop: asyncio.Event) -> list[Settlement]:
+        """One delivery alone, or a batch in one transaction (:mod:`._consumer_batch`);
+        either way the same verdicts, and the poison rule before anything runs."""
+        ready = [self._prepare(d) for d in ds]
+        runnable = [p for p in ready if isinstance(p, Prepared)]
+        ran = iter(await run_batch(self.deliveries, runnable, stop) if runnable else ())
+        return [p if isinstance(p, Settlement) else next(ran) for p in ready]
+
+    def _prepare(self, d: Incoming) -> Settlement | Prepared:
         count = d.delivery_count
         redelivered = d.redelivered if d.redelivered is not None else (count or 1) > 1
 
@@ -284,13 +352,8 @@ class ConsumerLoop:
                 raw=d.raw,
             )
 
-        return await self.deliveries.process(
-            broker_id=d.broker_id,
-            decode=lambda: decode_body(d.body),
-            delivery=delivery,
-            delivery_count=count,
-            stop=stop,
-            label=d.label,
+        return self.deliveries.prepare(
+            d.broker_id, lambda: decode_body(d.body), delivery, count, d.label
         )
 
     async def _retry(self, d: Incoming, delay: float, stop: asyncio.Event) -> None:

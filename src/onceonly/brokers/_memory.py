@@ -229,8 +229,14 @@ class MemoryConsumer(ConsumerLoop):
         concurrency: handlers running at once.
         max_deliveries, retry_delay, max_backoff, message_id, shutdown_timeout,
         dedup_window: as for the broker consumers.
+        batch_size: deliveries processed together in one inbox transaction
+            (``inbox.process_batch``: one commit, each settled by its own outcome);
+            1 (the default) runs one at a time. Deliveries in flight are at least
+            ``batch_size``.
+        batch_wait: seconds a batch waits for more deliveries once the first arrived.
 
     .. versionadded:: 0.3
+    .. versionchanged:: 0.3 ``batch_size``, ``batch_wait``.
     """
 
     def __init__(
@@ -248,6 +254,8 @@ class MemoryConsumer(ConsumerLoop):
         message_id: MessageIds | str | Callable[[Any], str] | None = None,
         shutdown_timeout: float = 30.0,
         dedup_window: str = "warn",
+        batch_size: int = 1,
+        batch_wait: float = 0.01,
     ) -> None:
         if not queue:
             raise ConfigurationError("queue must be non-empty")
@@ -262,6 +270,8 @@ class MemoryConsumer(ConsumerLoop):
             concurrency=concurrency,
             shutdown_timeout=shutdown_timeout,
             logger=log,
+            batch_size=batch_size,
+            batch_wait=batch_wait,
         )
         self.queue = queue
         self.dead_letter = dead_letter or f"{queue}.dead"

@@ -113,8 +113,14 @@ class NatsConsumer(ConsumerLoop):
             horizon the consumer can read: ``"warn"``, ``"refuse"`` (raise
             :class:`~onceonly.ConfigurationError`) or ``"off"``.
         connect_options: keyword options for ``nats.connect``.
+        batch_size: deliveries processed together in one inbox transaction
+            (``inbox.process_batch``: one commit, each settled by its own outcome);
+            1 (the default) runs one at a time. Deliveries in flight are at least
+            ``batch_size``.
+        batch_wait: seconds a batch waits for more deliveries once the first arrived.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.3 ``batch_size``, ``batch_wait``.
     """
 
     def __init__(
@@ -141,6 +147,8 @@ class NatsConsumer(ConsumerLoop):
         shutdown_timeout: float = 30.0,
         connect_options: Mapping[str, Any] | None = None,
         dedup_window: str = "warn",
+        batch_size: int = 1,
+        batch_wait: float = 0.01,
     ) -> None:
         if (url is None) == (connection is None):
             raise ConfigurationError("pass exactly one of url= or connection=")
@@ -169,6 +177,8 @@ class NatsConsumer(ConsumerLoop):
             concurrency=concurrency or batch,
             shutdown_timeout=shutdown_timeout,
             logger=log,
+            batch_size=batch_size,
+            batch_wait=batch_wait,
         )
         self.stream = stream
         self.subject = subject

@@ -106,8 +106,14 @@ class RabbitMQConsumer(ConsumerLoop):
         dedup_window: at start, when the inbox's ttl is shorter than the redelivery
             horizon the consumer can read: ``"warn"``, ``"refuse"`` (raise
             :class:`~onceonly.ConfigurationError`) or ``"off"``.
+        batch_size: deliveries processed together in one inbox transaction
+            (``inbox.process_batch``: one commit, each settled by its own outcome);
+            1 (the default) runs one at a time. Deliveries in flight are at least
+            ``batch_size``.
+        batch_wait: seconds a batch waits for more deliveries once the first arrived.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.3 ``batch_size``, ``batch_wait``.
     """
 
     def __init__(
@@ -132,6 +138,8 @@ class RabbitMQConsumer(ConsumerLoop):
         publish_timeout: float = 10.0,
         shutdown_timeout: float = 30.0,
         dedup_window: str = "warn",
+        batch_size: int = 1,
+        batch_wait: float = 0.01,
     ) -> None:
         if (url is None) == (connection is None):
             raise ConfigurationError("pass exactly one of url= or connection=")
@@ -150,6 +158,8 @@ class RabbitMQConsumer(ConsumerLoop):
             concurrency=concurrency,
             shutdown_timeout=shutdown_timeout,
             logger=log,
+            batch_size=batch_size,
+            batch_wait=batch_wait,
         )
         self.queue = queue
         self.url = url
@@ -158,7 +168,7 @@ class RabbitMQConsumer(ConsumerLoop):
         self.queue_arguments = dict(queue_arguments or {})
         self.dead_letter = dead_letter or f"{queue}.dead"
         self.dead_letter_exchange = dead_letter_exchange
-        self.prefetch = prefetch or concurrency
+        self.prefetch = prefetch or self.concurrency
         self.publish_timeout = publish_timeout
         self.transport = self._transport = RabbitMQTransport(
             queue=queue,

@@ -95,7 +95,8 @@ class RedisStreamsConsumer(ConsumerLoop):
         start_id: where a newly created group starts: ``"0"`` (the whole stream, the
             default) or ``"$"`` (only new entries).
         block_ms: how long one read blocks; also the longest a ``stop()`` waits for it.
-        count: entries fetched per read (at most the free handler slots).
+        count: entries fetched per read (at most the free handler slots; at least
+            ``batch_size``).
         concurrency: handlers running at once.
         claim_idle: seconds after which another consumer's pending entry is taken over.
         max_deliveries: an entry delivered more times than this (Redis's delivery
@@ -117,8 +118,14 @@ class RedisStreamsConsumer(ConsumerLoop):
         **options: passed to ``redis.asyncio.Redis.from_url`` with ``url``.
 
     An entry without a ``payload`` field is read as the JSON object of its other fields.
+        batch_size: deliveries processed together in one inbox transaction
+            (``inbox.process_batch``: one commit, each settled by its own outcome);
+            1 (the default) runs one at a time. Deliveries in flight are at least
+            ``batch_size``.
+        batch_wait: seconds a batch waits for more deliveries once the first arrived.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.3 ``batch_size``, ``batch_wait``.
     """
 
     def __init__(
@@ -143,6 +150,8 @@ class RedisStreamsConsumer(ConsumerLoop):
         dead_letter: str | None = None,
         shutdown_timeout: float = 30.0,
         dedup_window: str = "warn",
+        batch_size: int = 1,
+        batch_wait: float = 0.01,
         **options: Any,
     ) -> None:
         if not stream or not group:
@@ -162,6 +171,8 @@ class RedisStreamsConsumer(ConsumerLoop):
             concurrency=concurrency,
             shutdown_timeout=shutdown_timeout,
             logger=log,
+            batch_size=batch_size,
+            batch_wait=batch_wait,
         )
         self.stream = stream
         self.group = group
@@ -180,7 +191,7 @@ class RedisStreamsConsumer(ConsumerLoop):
             consumer_name=self.consumer_name,
             start_id=start_id,
             block_ms=block_ms,
-            count=count,
+            count=max(count, batch_size),
             claim_idle=claim_idle,
             dead_letter=self.dead_letter,
             log=log,

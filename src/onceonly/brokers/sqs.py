@@ -61,6 +61,11 @@ class SqsConsumer(ConsumerLoop):
         wait_time: the long-poll wait in seconds (0-20; bounds how long ``stop`` waits).
         concurrency, max_deliveries, retry_delay, max_backoff, message_id,
         shutdown_timeout, dedup_window: as for the other consumers.
+        batch_size: deliveries processed together in one inbox transaction
+            (``inbox.process_batch``: one commit, each settled by its own outcome);
+            1 (the default) runs one at a time. Deliveries in flight are at least
+            ``batch_size``.
+        batch_wait: seconds a batch waits for more deliveries once the first arrived.
         **client_options: for ``session.create_client("sqs", ...)``.
 
     .. versionadded:: 0.3
@@ -84,6 +89,8 @@ class SqsConsumer(ConsumerLoop):
         message_id: MessageIds | str | Callable[[Any], str] | None = None,
         shutdown_timeout: float = 30.0,
         dedup_window: str = "warn",
+        batch_size: int = 1,
+        batch_wait: float = 0.01,
         **client_options: Any,
     ) -> None:
         if not queue:
@@ -101,6 +108,8 @@ class SqsConsumer(ConsumerLoop):
             concurrency=concurrency,
             shutdown_timeout=shutdown_timeout,
             logger=log,
+            batch_size=batch_size,
+            batch_wait=batch_wait,
         )
         self.queue = queue
         self.transport = self._transport = SqsTransport(
