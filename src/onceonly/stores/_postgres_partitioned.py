@@ -35,8 +35,7 @@ from onceonly.stores._postgres_sql import (
     _COLUMNS_DDL,
     _INSERT_VALUES,
     _NOW,
-    _NULLS,
-    _RETURNING,
+    _RECORD_ARRAY,
     _expiry_index,
     _Statement,
     _Statements,
@@ -176,7 +175,7 @@ def records_ddl(table: str) -> list[sql.Composed]:
 
 
 def _claim(bounded: bool) -> str:
-    """Insert-or-get, shaped as the plain layout's claim (``inserted, record…, now``);
+    """Insert-or-get, shaped as the plain layout's claim (``now, record``);
     parameters: [lock_timeout], scope, key, the Write's values."""
     wait = "%s" if bounded else "NULL"
     return (
@@ -184,8 +183,8 @@ def _claim(bounded: bool) -> str:
         f"ins AS (INSERT INTO {{t}} AS r ({_COLUMNS}) {_INSERT_VALUES} FROM {_NOW} "
         "WHERE NOT EXISTS (SELECT 1 FROM lk) "
         "RETURNING date_part('epoch', r.updated_at) AS now) "
-        f"SELECT true AS inserted, {_NULLS}, ins.now FROM ins UNION ALL SELECT false, "
-        f"{_RETURNING}, date_part('epoch', clock_timestamp()) FROM lk AS r"
+        "SELECT ins.now, NULL::text[] AS record FROM ins UNION ALL SELECT "
+        f"date_part('epoch', clock_timestamp()), {_RECORD_ARRAY} FROM lk AS r"
     )
 
 

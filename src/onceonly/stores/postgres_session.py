@@ -37,6 +37,7 @@ from onceonly.stores._postgres_sql import (
     _OPEN_SAVEPOINT,
     _RELEASE_SAVEPOINT,
     _UNDO_SAVEPOINT,
+    _claimed,
     _record,
     _Statement,
     _update_values,
@@ -214,13 +215,11 @@ class PostgresSession:
         params = (scope, key, *values) if self._q.partitioned else (*values, scope, key)
         for _ in range(_CLAIM_RACE_RETRIES):
             cur = self._run(self._q.claim, params, scope, key)
-            row = cur.fetchone()
-            if row is not None and row[0] is not None:
-                now = row[16]
-                if row[0]:
+            snap = _claimed(scope, key, write, cur.fetchone())
+            if snap is not None:
+                if snap.inserted:
                     self._held.add((scope, key))
-                    return Snapshot(_written(scope, key, write, now, now), now, inserted=True)
-                return Snapshot(_record(row, 1), now)
+                return snap
             # The insert waited for a concurrent transaction that committed this key, and
             # this statement's snapshot predates that commit: read it in a fresh one.
             snap = self.get(scope, key)
