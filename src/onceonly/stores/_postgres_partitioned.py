@@ -36,10 +36,12 @@ from onceonly.stores._postgres_sql import (
     _INSERT_VALUES,
     _NOW,
     _RECORD_ARRAY,
+    _VALUE_TYPES,
     _expiry_index,
     _Statement,
     _Statements,
 )
+from onceonly.stores._postgres_wire import TEXT
 
 __all__ = ["DroppedPartitions", "Partition"]
 
@@ -212,6 +214,7 @@ def statements(table: str) -> _Statements:
     plain = _Statements.for_table(table)
     return _Statements(
         claim=_Statement(plain=render(_claim(False)), bounded=render(_claim(True))),
+        claim_types=(TEXT, TEXT, *_VALUE_TYPES),
         get=plain.get,
         insert=_Statement(plain=render(_insert(False)), bounded=render(_insert(True))),
         update=plain.update,

@@ -27,9 +27,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from onceonly._core.sql import write_values
 from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError
+from onceonly.stores._postgres_wire import BOOL, FLOAT8, INT8, TEXT
 from onceonly.types import Snapshot
 
 _SAVEPOINT = "onceonly"
+# The types of write_values(): scope, key, state, fingerprint, token, attempts, lease
+# seconds, result, error, payload, checkpoint, completed, ttl seconds.
+_VALUE_TYPES = (TEXT, TEXT, TEXT, TEXT, INT8, INT8, FLOAT8, TEXT, TEXT, TEXT, TEXT, BOOL, FLOAT8)
 _MAX_LOCK_TIMEOUT_MS = 2**31 - 1
 
 _COLUMNS = (
@@ -160,6 +164,9 @@ class _Statements:
     """The store's statements for one table, rendered once (bytes: psycopg takes them as is)."""
 
     claim: _Statement
+    #: The types of the claim's parameters (plain layout: the Write's values, then scope
+    #: and key; partitioned: scope and key first), for the claim sent on libpq directly.
+    claim_types: tuple[int, ...]
     get: bytes
     insert: _Statement
     update: _Statement
@@ -180,6 +187,7 @@ class _Statements:
 
         return cls(
             claim=_Statement(plain=render(_claim(False)), bounded=render(_claim(True))),
+            claim_types=(*_VALUE_TYPES, TEXT, TEXT),
             get=render(
                 f"SELECT {_RETURNING}, date_part('epoch', n.ts) FROM {_NOW} "
                 "LEFT JOIN {t} AS r ON r.scope = %s AND r.key = %s"
@@ -200,6 +208,7 @@ def _render(table: str, template: str) -> bytes:
 _BEGIN = b"BEGIN"
 _OPEN_SAVEPOINT = f"SAVEPOINT {_SAVEPOINT}".encode()
 _RELEASE_SAVEPOINT = f"RELEASE SAVEPOINT {_SAVEPOINT}".encode()
+_BACK_TO_SAVEPOINT = f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}".encode()
 _UNDO_SAVEPOINT = f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}".encode()
 
 

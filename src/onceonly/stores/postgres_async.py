@@ -115,10 +115,13 @@ class AsyncPostgresStore(AsyncPooledConnections):
             unknown host, authentication failed, no such database) is raised as
             :class:`~onceonly.StoreUnavailable`, naming host, port and database but
             never the password.
-        pipeline: send a transaction's ``BEGIN`` (or ``SAVEPOINT``) in one pipeline with
-            its first statement, saving a round trip. ``None`` (the default) decides by
-            the server's address: yes for a remote server, no over loopback or a Unix
-            socket, where a round trip costs less than psycopg's pipeline bookkeeping.
+        pipeline: send a transaction's ``BEGIN`` (or ``SAVEPOINT``) with its first
+            statement, saving a round trip. ``None`` (the default): always with a claim
+            (the inbox's first statement; written on libpq's pipeline directly, which
+            costs less than a second statement even over loopback), and with any other
+            first statement only for a remote server (that takes psycopg's
+            ``pipeline()``, whose bookkeeping costs more than a loopback round trip).
+            ``False``: ``BEGIN`` on its own, as the transaction starts.
 
     Attributes:
         url: the URL or conninfo the store was given.
@@ -196,9 +199,14 @@ class AsyncPostgresStore(AsyncPooledConnections):
         conninfo = self._pool.conninfo
         #: The libpq connection string (a LISTEN connection of the relay uses it).
         self.conninfo: str = conninfo if isinstance(conninfo, str) else ""
-        if pipeline is None:
-            pipeline = not (self.conninfo and _is_local(self.conninfo))
-        self._pipeline = pipeline
+        # A transaction's BEGIN (or SAVEPOINT) and its claim go out together, written on
+        # libpq's pipeline directly (_postgres_wire): cheaper than two statements even
+        # over loopback. psycopg's pipeline() for a first statement other than a claim
+        # costs more than a loopback round trip, so ``None`` uses it for remote servers.
+        self._batch_open = True if pipeline is None else pipeline
+        self._pipeline = (
+            not (self.conninfo and _is_local(self.conninfo)) if pipeline is None else pipeline
+        )
 
     @classmethod
     def from_pool(

@@ -33,6 +33,7 @@ from onceonly.errors import (
 )
 from onceonly.stores._postgres_errors import _DriverErrors
 from onceonly.stores._postgres_sql import (
+    _BACK_TO_SAVEPOINT,
     _BEGIN,
     _OPEN_SAVEPOINT,
     _RELEASE_SAVEPOINT,
@@ -45,6 +46,7 @@ from onceonly.stores._postgres_sql import (
     _write_values,
     _written,
 )
+from onceonly.stores._postgres_wire import TEXT, Opening, claim_row, encode_params
 from onceonly.types import Params, Snapshot, TxHealth
 
 if TYPE_CHECKING:
@@ -57,6 +59,7 @@ log = logging.getLogger("onceonly.stores.postgres")
 # Fallback reads after a claim that raced a committing insert, before giving up.
 _CLAIM_RACE_RETRIES = 5
 
+DuplicatePrepared = psycopg.errors.DuplicatePreparedStatement
 _IDLE = TransactionStatus.IDLE
 _INTRANS = TransactionStatus.INTRANS
 _INERROR = TransactionStatus.INERROR
@@ -91,6 +94,7 @@ class PostgresSession:
         self._conn = conn
         self._mode = mode
         self._pipeline = store._pipeline
+        self._batch_open = store._batch_open
         self._lock_timeout = lock_timeout if mode != _AUTOCOMMIT else None
         # What must precede our first statement (None: nothing): the savepoint of a joined
         # session; with the pipeline, our transaction's BEGIN (without it, BEGIN is sent
@@ -99,7 +103,7 @@ class PostgresSession:
         self._pending: bytes | None = None
         if mode == _JOINED:
             self._pending = _OPEN_SAVEPOINT
-        elif mode == _TRANSACTION and self._pipeline:
+        elif mode == _TRANSACTION and store._batch_open:
             self._pending = _BEGIN
         self._begins = begins
         self._cur = conn.cursor(row_factory=tuple_row)
@@ -178,6 +182,51 @@ class PostgresSession:
                 conn.execute(command)
             self._cur.execute(query, params)
 
+    def _open_with_claim(
+        self, params: tuple[Any, ...], scope: str, key: str
+    ) -> tuple[Any, ...] | None:
+        """The pending BEGIN / SAVEPOINT and the claim in one round trip (libpq's
+        pipeline, written directly: :mod:`._postgres_wire`); the claim's row."""
+        opening, self._pending = self._pending, None
+        conn = self._conn
+        commands: list[bytes] = []
+        if conn.pgconn.transaction_status == _IDLE and (self._begins or not conn.autocommit):
+            # Our transaction's BEGIN (or that of a caller's lazily begun one, which
+            # psycopg would have sent before its next statement); but not when SQL on
+            # .connection already began it.
+            commands.append(_BEGIN)
+        if opening is _OPEN_SAVEPOINT:
+            commands.append(_OPEN_SAVEPOINT)
+        statement, types = self._q.claim, self._q.claim_types
+        if self._lock_timeout is not None and (scope, key) not in self._held:
+            query, params, types = statement.bounded, (self._lock_timeout, *params), (TEXT, *types)
+            waiting = True
+        else:
+            query, waiting = statement.plain, False
+        with _DriverErrors(scope, key, waiting=waiting):
+            encoded = encode_params(params, conn.info.encoding)
+            prepare = conn.prepare_threshold is not None
+            try:
+                result = self._send(Opening(commands, query, encoded, types, prepare))
+            except (psycopg.errors.InvalidSqlStatementName, DuplicatePrepared):
+                # psycopg's rollback() deallocates every prepared statement (ours too):
+                # undo what this batch opened and send it again, parsing the claim anew
+                # (Opening.run learnt from the error whether the server has it).
+                if _OPEN_SAVEPOINT in commands:
+                    conn.execute(_BACK_TO_SAVEPOINT)
+                    commands = []
+                elif commands:
+                    conn.rollback()
+                else:  # SQL on .connection began the transaction: it cannot be redone
+                    raise
+                result = self._send(Opening(commands, query, encoded, types, prepare))
+        return claim_row(result, conn)
+
+    def _send(self, batch: Opening) -> Any:
+        conn = self._conn
+        with conn.lock:
+            return conn.wait(batch.run(conn))
+
     def begin(self) -> None:
         """Send what opens this session now (its BEGIN or savepoint), if still pending:
         a session that only joins others to its transaction (a batch) must have opened
@@ -214,8 +263,12 @@ class PostgresSession:
         values = _write_values(scope, key, write)
         params = (scope, key, *values) if self._q.partitioned else (*values, scope, key)
         for _ in range(_CLAIM_RACE_RETRIES):
-            cur = self._run(self._q.claim, params, scope, key)
-            snap = _claimed(scope, key, write, cur.fetchone())
+            if self._pending is not None and self._batch_open:
+                row = self._open_with_claim(params, scope, key)
+            else:
+                cur = self._run(self._q.claim, params, scope, key)
+                row = cur.fetchone()
+            snap = _claimed(scope, key, write, row)
             if snap is not None:
                 if snap.inserted:
                     self._held.add((scope, key))
@@ -362,7 +415,7 @@ class _Transaction:
         # With the pipeline, BEGIN waits for the first statement, and until then the
         # connection is not in autocommit, so the caller's SQL run on it first is inside
         # a transaction too. Without, BEGIN goes now.
-        pipeline = store._pipeline
+        pipeline = store._batch_open
         conn, self._autocommit = store._checkout(autocommit=not pipeline)
         self._conn = conn
         session = self._session = PostgresSession(

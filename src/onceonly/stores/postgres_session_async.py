@@ -32,6 +32,7 @@ from onceonly.errors import (
 )
 from onceonly.stores._postgres_errors import _DriverErrors
 from onceonly.stores._postgres_sql import (
+    _BACK_TO_SAVEPOINT,
     _BEGIN,
     _OPEN_SAVEPOINT,
     _RELEASE_SAVEPOINT,
@@ -44,6 +45,7 @@ from onceonly.stores._postgres_sql import (
     _write_values,
     _written,
 )
+from onceonly.stores._postgres_wire import TEXT, Opening, claim_row, encode_params
 from onceonly.types import Params, Snapshot, TxHealth
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ log = logging.getLogger("onceonly.stores.postgres")
 # Fallback reads after a claim that raced a committing insert, before giving up.
 _CLAIM_RACE_RETRIES = 5
 
+DuplicatePrepared = psycopg.errors.DuplicatePreparedStatement
 _IDLE = TransactionStatus.IDLE
 _INTRANS = TransactionStatus.INTRANS
 _INERROR = TransactionStatus.INERROR
@@ -90,6 +93,7 @@ class AsyncPostgresSession:
         self._conn = conn
         self._mode = mode
         self._pipeline = store._pipeline
+        self._batch_open = store._batch_open
         self._lock_timeout = lock_timeout if mode != _AUTOCOMMIT else None
         # What must precede our first statement (None: nothing): the savepoint of a joined
         # session; with the pipeline, our transaction's BEGIN (without it, BEGIN is sent
@@ -98,7 +102,7 @@ class AsyncPostgresSession:
         self._pending: bytes | None = None
         if mode == _JOINED:
             self._pending = _OPEN_SAVEPOINT
-        elif mode == _TRANSACTION and self._pipeline:
+        elif mode == _TRANSACTION and store._batch_open:
             self._pending = _BEGIN
         self._begins = begins
         self._cur = conn.cursor(row_factory=tuple_row)
@@ -177,6 +181,51 @@ class AsyncPostgresSession:
                 await conn.execute(command)
             await self._cur.execute(query, params)
 
+    async def _open_with_claim(
+        self, params: tuple[Any, ...], scope: str, key: str
+    ) -> tuple[Any, ...] | None:
+        """The pending BEGIN / SAVEPOINT and the claim in one round trip (libpq's
+        pipeline, written directly: :mod:`._postgres_wire`); the claim's row."""
+        opening, self._pending = self._pending, None
+        conn = self._conn
+        commands: list[bytes] = []
+        if conn.pgconn.transaction_status == _IDLE and (self._begins or not conn.autocommit):
+            # Our transaction's BEGIN (or that of a caller's lazily begun one, which
+            # psycopg would have sent before its next statement); but not when SQL on
+            # .connection already began it.
+            commands.append(_BEGIN)
+        if opening is _OPEN_SAVEPOINT:
+            commands.append(_OPEN_SAVEPOINT)
+        statement, types = self._q.claim, self._q.claim_types
+        if self._lock_timeout is not None and (scope, key) not in self._held:
+            query, params, types = statement.bounded, (self._lock_timeout, *params), (TEXT, *types)
+            waiting = True
+        else:
+            query, waiting = statement.plain, False
+        with _DriverErrors(scope, key, waiting=waiting):
+            encoded = encode_params(params, conn.info.encoding)
+            prepare = conn.prepare_threshold is not None
+            try:
+                result = await self._send(Opening(commands, query, encoded, types, prepare))
+            except (psycopg.errors.InvalidSqlStatementName, DuplicatePrepared):
+                # psycopg's rollback() deallocates every prepared statement (ours too):
+                # undo what this batch opened and send it again, parsing the claim anew
+                # (Opening.run learnt from the error whether the server has it).
+                if _OPEN_SAVEPOINT in commands:
+                    await conn.execute(_BACK_TO_SAVEPOINT)
+                    commands = []
+                elif commands:
+                    await conn.rollback()
+                else:  # SQL on .connection began the transaction: it cannot be redone
+                    raise
+                result = await self._send(Opening(commands, query, encoded, types, prepare))
+        return claim_row(result, conn)
+
+    async def _send(self, batch: Opening) -> Any:
+        conn = self._conn
+        async with conn.lock:
+            return await conn.wait(batch.run(conn))
+
     async def begin(self) -> None:
         """Send what opens this session now (its BEGIN or savepoint), if still pending:
         a session that only joins others to its transaction (a batch) must have opened
@@ -213,8 +262,12 @@ class AsyncPostgresSession:
         values = _write_values(scope, key, write)
         params = (scope, key, *values) if self._q.partitioned else (*values, scope, key)
         for _ in range(_CLAIM_RACE_RETRIES):
-            cur = await self._run(self._q.claim, params, scope, key)
-            snap = _claimed(scope, key, write, await cur.fetchone())
+            if self._pending is not None and self._batch_open:
+                row = await self._open_with_claim(params, scope, key)
+            else:
+                cur = await self._run(self._q.claim, params, scope, key)
+                row = await cur.fetchone()
+            snap = _claimed(scope, key, write, row)
             if snap is not None:
                 if snap.inserted:
                     self._held.add((scope, key))
@@ -363,7 +416,7 @@ class _Transaction:
         # With the pipeline, BEGIN waits for the first statement, and until then the
         # connection is not in autocommit, so the caller's SQL run on it first is inside
         # a transaction too. Without, BEGIN goes now.
-        pipeline = store._pipeline
+        pipeline = store._batch_open
         conn, self._autocommit = await store._checkout(autocommit=not pipeline)
         self._conn = conn
         session = self._session = AsyncPostgresSession(
