@@ -82,6 +82,7 @@ def numbered(query: bytes) -> bytes:
     return b"".join(out)
 
 
+@functools.lru_cache(maxsize=64)
 def statement_name(query: bytes) -> bytes:
     return b"onceonly_" + hashlib.sha1(query, usedforsecurity=False).hexdigest()[:20].encode()
 

@@ -106,8 +106,17 @@ class PostgresSession:
         elif mode == _TRANSACTION and store._batch_open:
             self._pending = _BEGIN
         self._begins = begins
-        self._cur = conn.cursor(row_factory=tuple_row)
+        self._cursor: psycopg.Cursor[TupleRow] | None = None  # made on first use
         self._held: set[tuple[str, str]] = set()  # keys whose row lock we hold
+
+    @property
+    def _cur(self) -> psycopg.Cursor[TupleRow]:
+        """The cursor of the store's statements (none for a claim sent on libpq directly,
+        so a replay makes none)."""
+        cur = self._cursor
+        if cur is None:
+            cur = self._cursor = self._conn.cursor(row_factory=tuple_row)
+        return cur
 
     @property
     def connection(self) -> psycopg.Connection[Any]:
