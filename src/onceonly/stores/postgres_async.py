@@ -7,12 +7,17 @@ Invariants:
 
 * **One statement, one round trip per operation.** Each session operation is a single
   prepared statement (insert-or-get included). Opening the transaction (``BEGIN``, or a
-  ``SAVEPOINT`` on a caller's connection) travels in one pipeline with the first
-  operation. Over loopback or a Unix socket a round trip costs less than psycopg's
-  pipeline bookkeeping, so there ``BEGIN`` goes on its own (``pipeline=`` overrides).
-  The one exception: a claim that lost the insert race to a transaction that committed
-  meanwhile sees no row (under READ COMMITTED its snapshot predates that commit), and
-  one plain read follows.
+  ``SAVEPOINT`` on a caller's connection) travels with the first operation: with a
+  claim (the inbox's first statement) always, as protocol messages written on libpq's
+  pipeline directly (:mod:`._postgres_wire`), which costs less than a statement of its
+  own even over loopback; with any other first statement through psycopg's
+  ``pipeline()`` for a remote server only (over loopback or a Unix socket a round trip
+  costs less than its bookkeeping). ``pipeline=False`` sends ``BEGIN`` on its own. So
+  an inbox message is BEGIN + claim, the handler's statements, COMMIT; a replay is
+  BEGIN + claim, COMMIT (``tests/stores/test_roundtrips_pg.py``). The one exception: a
+  claim that lost the insert race to a transaction that committed meanwhile sees no
+  row (under READ COMMITTED its snapshot predates that commit), and one plain read
+  follows.
 * **The database clock is the only clock.** A statement reads ``clock_timestamp()`` once
   (never ``now()``, frozen at the start of the transaction) and stamps every time from
   it; times come back as epoch seconds. A written row is not read back: its record is
@@ -21,6 +26,9 @@ Invariants:
   wait for another transaction's row lock (a concurrent claim of the same key) sets
   ``lock_timeout = lock_wait`` and restores the previous value itself, so the caller's
   statements are never affected. Running out of time is :class:`~onceonly.InFlight`.
+  (A ``SET LOCAL`` sent with ``BEGIN`` would bound the handler's statements too, and
+  restoring it costs a statement: measured, both cost more server CPU than the bound
+  inside the claim.)
 * **The caller's transaction is never committed.** With ``transaction(connection=...)``
   the session works inside a savepoint of the caller's open transaction and only ever
   releases or rolls back to that savepoint.
