@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 import onceonly
+from onceonly._core.state import State, Write
 from tests.conftest import StoreFactory
 from tests.stores.test_postgres_specific import round_trips
 
@@ -83,3 +84,40 @@ def test_a_claim_after_psycopg_deallocated_its_statement(pg_store_factory: Store
             caller.execute("DEALLOCATE ALL")
             caller.commit()
     assert inbox.process("b2", 2, handler).replayed
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        Write(State.COMPLETED, 2**62 + 5, "fp", 3, ttl_seconds=3600.25, completed=True),
+        Write(
+            State.IN_PROGRESS,
+            9,
+            None,
+            0,
+            lease_seconds=0.5,
+            result='"r"',
+            error="e\u00e9",
+            payload='{"a": 1}',
+            checkpoint='{"s": 2}',
+        ),
+    ],
+    ids=["completed", "in_progress"],
+)
+def test_the_claim_sent_with_begin_stores_exactly_the_write(
+    factory: StoreFactory, write: Write
+) -> None:
+    """Every value type of the claim sent on libpq directly (text, int8, float8, bool,
+    NULL) is stored as the Write says: a later read returns the claimed record, and a
+    second claim returns it as the existing record."""
+    store = factory()
+    store.migrate()
+    with store.transaction() as s:
+        claimed = s.claim("scope", "key", write)
+    assert claimed.inserted
+    with store.session() as s:
+        read = s.get("scope", "key").record
+    assert read == claimed.record
+    with store.transaction() as s:
+        again = s.claim("scope", "key", write)
+    assert not again.inserted and again.record == claimed.record
