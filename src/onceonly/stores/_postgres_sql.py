@@ -338,6 +338,7 @@ def _records_ddl(table: str) -> list[sql.Composed]:
     ]
 
 
+@functools.lru_cache(maxsize=32)
 def _lock_timeout(lock_wait: float) -> str | None:
     """``lock_wait`` seconds as a ``lock_timeout`` value (``None``: wait for ever)."""
     if math.isnan(lock_wait):

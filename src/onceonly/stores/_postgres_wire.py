@@ -49,24 +49,34 @@ _prepared: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionar
 
 
 def encode_params(values: Sequence[Any], encoding: str) -> list[bytes | None]:
-    """``values`` in PostgreSQL's text format (``None``: NULL)."""
+    """``values`` in PostgreSQL's text format (``None``: NULL). Exact types first: this
+    runs for every claim."""
     out: list[bytes | None] = []
+    append = out.append
     for v in values:
-        if v is None:
-            out.append(None)
-        elif isinstance(v, str):
+        t = type(v)
+        if t is str:
             if _NUL in v:
                 raise e.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-            out.append(v.encode(encoding))
-        elif v is True:
-            out.append(_TRUE)
-        elif v is False:
-            out.append(_FALSE)
-        elif isinstance(v, float):
-            out.append(repr(v).encode())
-        else:
-            out.append(str(int(v)).encode())
+            append(v.encode(encoding))
+        elif v is None:
+            append(None)
+        elif t is bool:
+            append(_TRUE if v else _FALSE)
+        elif t is int:
+            append(b"%d" % v)
+        elif t is float:
+            append(repr(v).encode())
+        else:  # subclasses (an IntEnum, a str subclass): as their base type
+            append(encode_params((_plain(v),), encoding)[0])
     return out
+
+
+def _plain(v: Any) -> Any:
+    for base in (bool, str, int, float):
+        if isinstance(v, base):
+            return base(v)
+    raise e.ProgrammingError(f"cannot send a {type(v).__name__} in a claim")
 
 
 @functools.lru_cache(maxsize=64)
