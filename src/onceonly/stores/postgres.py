@@ -87,8 +87,8 @@ from onceonly.stores.postgres_session import (
     _IDLE,
     _INTRANS,
     PostgresSession,
-    _Transaction,
 )
+from onceonly.stores.postgres_transaction import _Transaction
 
 __all__ = ["PostgresSession", "PostgresStore"]
 

@@ -87,8 +87,8 @@ from onceonly.stores.postgres_session_async import (
     _IDLE,
     _INTRANS,
     AsyncPostgresSession,
-    _Transaction,
 )
+from onceonly.stores.postgres_transaction_async import _Transaction
 
 __all__ = ["AsyncPostgresSession", "AsyncPostgresStore"]
 

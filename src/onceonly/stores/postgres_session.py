@@ -232,6 +232,11 @@ class PostgresSession:
                 result = self._send(Opening(commands, query, encoded, types, prepare))
         return claim_row(result, conn)
 
+    def _in_pipeline(self) -> bool:
+        """A caller's connection already in psycopg's pipeline mode: its queue is
+        psycopg's, so the opening goes through psycopg too."""
+        return bool(self._conn.pgconn.pipeline_status)
+
     def _send(self, batch: Opening) -> Any:
         conn = self._conn
         with conn.lock:
@@ -273,7 +278,7 @@ class PostgresSession:
         values = _write_values(scope, key, write)
         params = (scope, key, *values) if self._q.partitioned else (*values, scope, key)
         for _ in range(_CLAIM_RACE_RETRIES):
-            if self._pending is not None and self._batch_open:
+            if self._pending is not None and self._batch_open and not self._in_pipeline():
                 row = self._open_with_claim(params, scope, key)
             else:
                 cur = self._run(self._q.claim, params, scope, key)
@@ -384,74 +389,3 @@ class PostgresSession:
                 log.warning("rollback failed; discarding the connection", exc_info=True)
             if self._mode != _JOINED:
                 conn.close()
-
-
-class _Transaction:
-    """The context manager of :meth:`PostgresStore.transaction`.
-
-    A class rather than a generator: it is on every message's path.
-    """
-
-    __slots__ = (
-        "_autocommit", "_begins", "_caller", "_conn", "_lock_timeout", "_session", "_store"
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        store: PostgresStore,
-        caller: psycopg.Connection[Any] | None,
-        lock_timeout: str | None,
-        begins: bool,
-    ) -> None:
-        self._store = store
-        self._caller = caller
-        self._lock_timeout = lock_timeout
-        self._begins = begins
-        self._conn: psycopg.Connection[Any] | None = None
-        self._autocommit = False
-        self._session: PostgresSession | None = None
-
-    def __enter__(self) -> PostgresSession:
-        store = self._store
-        if self._caller is not None:
-            self._session = PostgresSession(
-                store,
-                self._caller,
-                mode=_JOINED,
-                lock_timeout=self._lock_timeout,
-                begins=self._begins,
-            )
-            return self._session
-        # With the pipeline, BEGIN waits for the first statement, and until then the
-        # connection is not in autocommit, so the caller's SQL run on it first is inside
-        # a transaction too. Without, BEGIN goes now.
-        pipeline = store._batch_open
-        conn, self._autocommit = store._checkout(autocommit=not pipeline)
-        self._conn = conn
-        session = self._session = PostgresSession(
-            store, conn, mode=_TRANSACTION, lock_timeout=self._lock_timeout, begins=pipeline
-        )
-        if pipeline:
-            store._beginning[id(conn)] = conn
-            return session
-        try:
-            with _DriverErrors():
-                session._cur.execute(_BEGIN)
-        except BaseException:
-            store._checkin(conn, self._autocommit)
-            raise
-        return session
-
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        session = self._session
-        assert session is not None
-        conn = self._conn
-        try:
-            if exc is None:
-                session._commit()
-            else:
-                session._rollback()
-        finally:
-            if conn is not None:
-                self._store._beginning.pop(id(conn), None)
-                self._store._checkin(conn, self._autocommit)
