@@ -21,7 +21,8 @@ times for ``--seconds`` per side, onceonly and baseline alternating in short sli
 both see the same machine load; the table shows the medians. Beside messages/s it shows
 the CPU each message costs: this process (client) + its PostgreSQL backends (server,
 read from ``/proc`` when the server runs on this machine). The tables are dropped at
-the end.
+the end. Last, the round trips of one new message and of its replay are counted on the
+wire (libpq's trace) for both sides and printed with the table.
 
     .venv/bin/python bench/inbox_pg.py [--url URL] [--seconds 3] [--repeat 3]
 
