@@ -21,7 +21,8 @@ times for ``--seconds`` per side, onceonly and baseline alternating in short sli
 both see the same machine load; the table shows the medians. Beside messages/s it shows
 the CPU each message costs: this process (client) + its PostgreSQL backends (server,
 read from ``/proc`` when the server runs on this machine). The tables are dropped at
-the end.
+the end. Last, the round trips of one new message and of its replay are counted on the
+wire (libpq's trace) for both sides and printed with the table.
 
     .venv/bin/python bench/inbox_pg.py [--url URL] [--seconds 3] [--repeat 3]
 
@@ -38,6 +39,7 @@ import platform
 import secrets
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -45,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 
 import onceonly
 from onceonly.inbox import Tx
@@ -363,6 +365,46 @@ def compare(ours: OnceOnly, base: Baseline, args: argparse.Namespace) -> list[Ro
     return [*rows.values(), replay]
 
 
+def count_round_trips(conn: psycopg.Connection[Any], action: Callable[[], object]) -> int:
+    """Requests ``action`` sent after reading a reply (libpq's trace of ``conn``)."""
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            action()
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        sides = [line.split("\t")[0] for line in trace.read().splitlines() if line]
+    return sum(1 for i, side in enumerate(sides) if side == "F" and (i == 0 or sides[i - 1] != "F"))
+
+
+def round_trips(url: str, tables: Tables, options: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Round trips of one new message and of its replay, counted on the wire: onceonly
+    (a store with one pooled connection, warmed up) and the baseline."""
+    ours = OnceOnly(url, tables, 1, options)
+    base = Baseline(url, tables, 1)
+    try:
+        for _ in range(10):  # psycopg prepares a statement on its fifth run
+            key = f"w{secrets.token_hex(4)}"
+            for _ in range(2):
+                ours.inbox.process(key, {"id": key, "amount": 1}, ours.handler)
+                base._message(base.conns[0], key, 1)
+        conn = ours.store.pool.getconn()
+        ours.store.pool.putconn(conn)
+        key = f"rt{secrets.token_hex(4)}"
+        payload = {"id": key, "amount": 1}
+        new = count_round_trips(conn, lambda: ours.inbox.process(key, payload, ours.handler))
+        replay = count_round_trips(conn, lambda: ours.inbox.process(key, payload, ours.handler))
+        c = base.conns[0]
+        base_new = count_round_trips(c, lambda: base._message(c, key, 1))
+        base_replay = count_round_trips(c, lambda: base._message(c, key, 1))
+    finally:
+        ours.close()
+        base.close()
+    return {"onceonly": (new, replay), "baseline": (base_new, base_replay)}
+
+
 def setup(url: str, tables: Tables) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         for ledger in (tables.ledger, tables.base_ledger):
@@ -454,6 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             base = Baseline(args.url, tables, pool)
             stack.callback(base.close)
             rows = compare(ours, base, args)
+        trips = round_trips(args.url, tables, options)
         # The work really happened: one ledger row per completed new key.
         assert count_rows(args.url, tables.ledger) == count_rows(args.url, tables.records)
         assert count_rows(args.url, tables.base_ledger) == count_rows(args.url, tables.claims)
@@ -480,6 +523,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{x.rate:,.0f}/{y.rate:,.0f}" for x, y in zip(row.onceonly, row.baseline, strict=True)
         )
         print(f"  {row.config}: onceonly/baseline msg/s per repeat: {runs}")
+    print("\nround trips (counted on the wire, after a warm-up): new message / replay")
+    for side, (new, replay) in trips.items():
+        print(f"  {side}: {new} / {replay}")
     met = all(row.rates()[2] >= TARGET for row in rows if row.config.startswith("new"))
     print(f"\ntarget: ratio >= {TARGET} for new keys at every concurrency: {met}")
     return 0

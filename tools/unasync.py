@@ -24,6 +24,7 @@ SOURCES = [
     "src/onceonly/inbox_async.py",
     "src/onceonly/leased_async.py",
     "src/onceonly/stores/postgres_session_async.py",
+    "src/onceonly/stores/postgres_transaction_async.py",
     "src/onceonly/stores/postgres_async.py",
     "src/onceonly/outbox_async.py",
     "src/onceonly/relay_wake_async.py",

@@ -14,14 +14,15 @@ from tests.conftest import StoreFactory
 from tests.stores.test_postgres_specific import round_trips
 
 
-@pytest.mark.parametrize(("pipeline", "per_message"), [(False, 4), (True, 3)])
+@pytest.mark.parametrize(("pipeline", "per_message"), [(False, 4), (True, 3), (None, 3)])
 def test_batch_round_trips(
-    pg_store_factory: StoreFactory, pipeline: bool, per_message: int
+    pg_store_factory: StoreFactory, pipeline: bool | None, per_message: int
 ) -> None:
     """Joined to a caller's transaction: the batch's savepoint and release, and per new
     message its savepoint, claim, the handler's insert and release (the savepoint rides
-    with the claim in pipeline mode); a replay is the same without the insert. Counted
-    after a warm-up (psycopg prepares statements on their fifth run)."""
+    with the claim unless ``pipeline=False``, by default too); a replay is the same
+    without the insert. Counted after a warm-up (psycopg prepares statements on their
+    fifth run)."""
     store = pg_store_factory(pipeline=pipeline)
     store.migrate()
     table = f"{pg_store_factory.table}_ledger"

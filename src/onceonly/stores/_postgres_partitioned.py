@@ -35,12 +35,13 @@ from onceonly.stores._postgres_sql import (
     _COLUMNS_DDL,
     _INSERT_VALUES,
     _NOW,
-    _NULLS,
-    _RETURNING,
+    _RECORD_ARRAY,
+    _VALUE_TYPES,
     _expiry_index,
     _Statement,
     _Statements,
 )
+from onceonly.stores._postgres_wire import TEXT
 
 __all__ = ["DroppedPartitions", "Partition"]
 
@@ -176,7 +177,7 @@ def records_ddl(table: str) -> list[sql.Composed]:
 
 
 def _claim(bounded: bool) -> str:
-    """Insert-or-get, shaped as the plain layout's claim (``inserted, record…, now``);
+    """Insert-or-get, shaped as the plain layout's claim (``now, record``);
     parameters: [lock_timeout], scope, key, the Write's values."""
     wait = "%s" if bounded else "NULL"
     return (
@@ -184,8 +185,8 @@ def _claim(bounded: bool) -> str:
         f"ins AS (INSERT INTO {{t}} AS r ({_COLUMNS}) {_INSERT_VALUES} FROM {_NOW} "
         "WHERE NOT EXISTS (SELECT 1 FROM lk) "
         "RETURNING date_part('epoch', r.updated_at) AS now) "
-        f"SELECT true AS inserted, {_NULLS}, ins.now FROM ins UNION ALL SELECT false, "
-        f"{_RETURNING}, date_part('epoch', clock_timestamp()) FROM lk AS r"
+        "SELECT ins.now, NULL::text[] AS record FROM ins UNION ALL SELECT "
+        f"date_part('epoch', clock_timestamp()), {_RECORD_ARRAY} FROM lk AS r"
     )
 
 
@@ -213,6 +214,7 @@ def statements(table: str) -> _Statements:
     plain = _Statements.for_table(table)
     return _Statements(
         claim=_Statement(plain=render(_claim(False)), bounded=render(_claim(True))),
+        claim_types=(TEXT, TEXT, *_VALUE_TYPES),
         get=plain.get,
         insert=_Statement(plain=render(_insert(False)), bounded=render(_insert(True))),
         update=plain.update,

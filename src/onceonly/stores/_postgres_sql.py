@@ -27,8 +27,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from onceonly._core.sql import write_values
 from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError
+from onceonly.stores._postgres_wire import BOOL, FLOAT8, INT8, TEXT
+from onceonly.types import Snapshot
 
 _SAVEPOINT = "onceonly"
+# The types of write_values(): scope, key, state, fingerprint, token, attempts, lease
+# seconds, result, error, payload, checkpoint, completed, ttl seconds.
+_VALUE_TYPES = (TEXT, TEXT, TEXT, TEXT, INT8, INT8, FLOAT8, TEXT, TEXT, TEXT, TEXT, BOOL, FLOAT8)
 _MAX_LOCK_TIMEOUT_MS = 2**31 - 1
 
 _COLUMNS = (
@@ -54,6 +59,15 @@ _NOW = "(SELECT clock_timestamp() AS ts) AS n"
 # is the Write's, and _written() derives the times exactly as PostgreSQL computed them.
 _STAMP = "date_part('epoch', n.ts) AS now"
 _NULLS = ", ".join(["NULL"] * 15)
+# An existing record in one text[] column (only a claim that found its key sends it):
+# the columns of _RETURNING after scope and key, times as epoch seconds in text (the
+# same float8 output a float8 column has in text format). See _record_of_text().
+_RECORD_ARRAY = (
+    "ARRAY[r.state, r.fingerprint, r.token::text, r.attempts::text, "
+    "date_part('epoch', r.lease_until)::text, r.result, r.error, r.payload, r.checkpoint, "
+    "date_part('epoch', r.created_at)::text, date_part('epoch', r.updated_at)::text, "
+    "date_part('epoch', r.completed_at)::text, date_part('epoch', r.expires_at)::text]"
+)
 # A statement that may wait for another transaction's row lock, bounded: ``cfg`` stashes
 # the current lock_timeout and sets ours (the OFFSET 0 subquery is evaluated first); the
 # DML reads ``cfg`` before touching a row, so the bound is in force when it waits; the
@@ -72,10 +86,11 @@ def _bounded(dml: str) -> str:
 
 
 def _claim(bounded: bool) -> str:
-    """Insert-or-get in one statement; its row is ``inserted, record…, now``.
+    """Insert-or-get in one statement; its row is ``now, record``.
 
-    An inserted record comes back as NULLs (it is the Write) with its stamp as ``now``;
-    an existing one in full, with the clock when it was read.
+    A new key's row is just its stamp (``record`` is NULL: the record is the Write); an
+    existing key's record comes as one ``text[]`` (:data:`_RECORD_ARRAY`), with the
+    clock when it was read. Two columns, so the row description stays small too.
     """
     source = f"{_NOW}, cfg" if bounded else _NOW
     ins = (
@@ -83,8 +98,8 @@ def _claim(bounded: bool) -> str:
         "ON CONFLICT (scope, key) DO NOTHING RETURNING date_part('epoch', r.updated_at) AS now)"
     )
     union = (
-        f"SELECT true AS inserted, {_NULLS}, ins.now FROM ins UNION ALL SELECT false, "
-        f"{_RETURNING}, date_part('epoch', clock_timestamp()) FROM {{t}} AS r "
+        f"SELECT ins.now, NULL::text[] AS record FROM ins UNION ALL SELECT "
+        f"date_part('epoch', clock_timestamp()), {_RECORD_ARRAY} FROM {{t}} AS r "
         "WHERE r.scope = %s AND r.key = %s AND NOT EXISTS (SELECT 1 FROM ins)"
     )
     if bounded:  # one row even when the union is empty (a lost race): see claim()
@@ -149,6 +164,9 @@ class _Statements:
     """The store's statements for one table, rendered once (bytes: psycopg takes them as is)."""
 
     claim: _Statement
+    #: The types of the claim's parameters (plain layout: the Write's values, then scope
+    #: and key; partitioned: scope and key first), for the claim sent on libpq directly.
+    claim_types: tuple[int, ...]
     get: bytes
     insert: _Statement
     update: _Statement
@@ -169,6 +187,7 @@ class _Statements:
 
         return cls(
             claim=_Statement(plain=render(_claim(False)), bounded=render(_claim(True))),
+            claim_types=(*_VALUE_TYPES, TEXT, TEXT),
             get=render(
                 f"SELECT {_RETURNING}, date_part('epoch', n.ts) FROM {_NOW} "
                 "LEFT JOIN {t} AS r ON r.scope = %s AND r.key = %s"
@@ -189,6 +208,7 @@ def _render(table: str, template: str) -> bytes:
 _BEGIN = b"BEGIN"
 _OPEN_SAVEPOINT = f"SAVEPOINT {_SAVEPOINT}".encode()
 _RELEASE_SAVEPOINT = f"RELEASE SAVEPOINT {_SAVEPOINT}".encode()
+_BACK_TO_SAVEPOINT = f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}".encode()
 _UNDO_SAVEPOINT = f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}".encode()
 
 
@@ -200,6 +220,34 @@ def _record(row: Sequence[Any], at: int = 0) -> Record:
         scope, key, State.parse(state, key=key), fp, token, attempts, lease, result, error,
         payload, checkpoint, created, updated, completed, expires,
     )  # fmt: skip
+
+
+def _time(text: str | None) -> float | None:
+    return None if text is None else float(text)
+
+
+def _record_of_text(scope: str, key: str, values: Sequence[str | None]) -> Record:
+    """The record in a claim's ``text[]`` column (:data:`_RECORD_ARRAY`)."""
+    (state, fp, token, attempts, lease, result, error, payload, checkpoint,
+     created, updated, completed, expires) = values  # fmt: skip
+    assert state is not None and token is not None and attempts is not None
+    assert created is not None and updated is not None
+    return Record(
+        scope, key, State.parse(state, key=key), fp, int(token), int(attempts), _time(lease),
+        result, error, payload, checkpoint, float(created), float(updated), _time(completed),
+        _time(expires),
+    )  # fmt: skip
+
+
+def _claimed(scope: str, key: str, write: Write, row: Sequence[Any] | None) -> Snapshot | None:
+    """What a claim's row says: the inserted Write or the existing record, with the
+    statement's clock; ``None`` when the claim lost a race (no row, or a NULL one)."""
+    if row is None or row[0] is None:
+        return None
+    now = row[0]
+    if row[1] is None:
+        return Snapshot(_written(scope, key, write, now, now), now, inserted=True)
+    return Snapshot(_record_of_text(scope, key, row[1]), now)
 
 
 def _written(scope: str, key: str, write: Write, now: float, created_at: float) -> Record:
@@ -310,6 +358,7 @@ def version_upsert() -> sql.Composed:
     ).format(schema, schema)
 
 
+@functools.lru_cache(maxsize=32)
 def _lock_timeout(lock_wait: float) -> str | None:
     """``lock_wait`` seconds as a ``lock_timeout`` value (``None``: wait for ever)."""
     if math.isnan(lock_wait):

@@ -8,12 +8,17 @@ Invariants:
 
 * **One statement, one round trip per operation.** Each session operation is a single
   prepared statement (insert-or-get included). Opening the transaction (``BEGIN``, or a
-  ``SAVEPOINT`` on a caller's connection) travels in one pipeline with the first
-  operation. Over loopback or a Unix socket a round trip costs less than psycopg's
-  pipeline bookkeeping, so there ``BEGIN`` goes on its own (``pipeline=`` overrides).
-  The one exception: a claim that lost the insert race to a transaction that committed
-  meanwhile sees no row (under READ COMMITTED its snapshot predates that commit), and
-  one plain read follows.
+  ``SAVEPOINT`` on a caller's connection) travels with the first operation: with a
+  claim (the inbox's first statement) always, as protocol messages written on libpq's
+  pipeline directly (:mod:`._postgres_wire`), which costs less than a statement of its
+  own even over loopback; with any other first statement through psycopg's
+  ``pipeline()`` for a remote server only (over loopback or a Unix socket a round trip
+  costs less than its bookkeeping). ``pipeline=False`` sends ``BEGIN`` on its own. So
+  an inbox message is BEGIN + claim, the handler's statements, COMMIT; a replay is
+  BEGIN + claim, COMMIT (``tests/stores/test_roundtrips_pg.py``). The one exception: a
+  claim that lost the insert race to a transaction that committed meanwhile sees no
+  row (under READ COMMITTED its snapshot predates that commit), and one plain read
+  follows.
 * **The database clock is the only clock.** A statement reads ``clock_timestamp()`` once
   (never ``now()``, frozen at the start of the transaction) and stamps every time from
   it; times come back as epoch seconds. A written row is not read back: its record is
@@ -22,6 +27,9 @@ Invariants:
   wait for another transaction's row lock (a concurrent claim of the same key) sets
   ``lock_timeout = lock_wait`` and restores the previous value itself, so the caller's
   statements are never affected. Running out of time is :class:`~onceonly.InFlight`.
+  (A ``SET LOCAL`` sent with ``BEGIN`` would bound the handler's statements too, and
+  restoring it costs a statement: measured, both cost more server CPU than the bound
+  inside the claim.)
 * **The caller's transaction is never committed.** With ``transaction(connection=...)``
   the session works inside a savepoint of the caller's open transaction and only ever
   releases or rolls back to that savepoint.
@@ -80,8 +88,8 @@ from onceonly.stores.postgres_session import (
     _IDLE,
     _INTRANS,
     PostgresSession,
-    _Transaction,
 )
+from onceonly.stores.postgres_transaction import _Transaction
 
 __all__ = ["SCHEMA_VERSION", "PostgresSession", "PostgresStore"]
 
@@ -116,10 +124,13 @@ class PostgresStore(PooledConnections):
             unknown host, authentication failed, no such database) is raised as
             :class:`~onceonly.StoreUnavailable`, naming host, port and database but
             never the password.
-        pipeline: send a transaction's ``BEGIN`` (or ``SAVEPOINT``) in one pipeline with
-            its first statement, saving a round trip. ``None`` (the default) decides by
-            the server's address: yes for a remote server, no over loopback or a Unix
-            socket, where a round trip costs less than psycopg's pipeline bookkeeping.
+        pipeline: send a transaction's ``BEGIN`` (or ``SAVEPOINT``) with its first
+            statement, saving a round trip. ``None`` (the default): always with a claim
+            (the inbox's first statement; written on libpq's pipeline directly, which
+            costs less than a second statement even over loopback), and with any other
+            first statement only for a remote server (that takes psycopg's
+            ``pipeline()``, whose bookkeeping costs more than a loopback round trip).
+            ``False``: ``BEGIN`` on its own, as the transaction starts.
 
     Attributes:
         url: the URL or conninfo the store was given.
@@ -196,9 +207,14 @@ class PostgresStore(PooledConnections):
         conninfo = self._pool.conninfo
         #: The libpq connection string (a LISTEN connection of the relay uses it).
         self.conninfo: str = conninfo if isinstance(conninfo, str) else ""
-        if pipeline is None:
-            pipeline = not (self.conninfo and _is_local(self.conninfo))
-        self._pipeline = pipeline
+        # A transaction's BEGIN (or SAVEPOINT) and its claim go out together, written on
+        # libpq's pipeline directly (_postgres_wire): cheaper than two statements even
+        # over loopback. psycopg's pipeline() for a first statement other than a claim
+        # costs more than a loopback round trip, so ``None`` uses it for remote servers.
+        self._batch_open = True if pipeline is None else pipeline
+        self._pipeline = (
+            not (self.conninfo and _is_local(self.conninfo)) if pipeline is None else pipeline
+        )
 
     @classmethod
     def from_pool(

@@ -34,6 +34,7 @@ from onceonly.stores._postgres_sql import (
     _OPEN_SAVEPOINT,
     _RELEASE_SAVEPOINT,
     _UNDO_SAVEPOINT,
+    _claimed,
     _record,
     _Statement,
     _update_values,
@@ -157,13 +158,13 @@ class Psycopg2Session:
         values = _write_values(scope, key, write)
         params = (scope, key, *values) if self._q.partitioned else (*values, scope, key)
         for _ in range(_CLAIM_RACE_RETRIES):
-            row = self._run(self._q.claim, params, scope, key).fetchone()
-            if row is not None and row[0] is not None:
-                now = row[16]
-                if row[0]:
+            snap = _claimed(
+                scope, key, write, self._run(self._q.claim, params, scope, key).fetchone()
+            )
+            if snap is not None:
+                if snap.inserted:
                     self._held.add((scope, key))
-                    return Snapshot(_written(scope, key, write, now, now), now, inserted=True)
-                return Snapshot(_record(row, 1), now)
+                return snap
             snap = self.get(scope, key)
             if snap.record is not None:
                 return snap
