@@ -212,7 +212,8 @@ class AsyncPostgresStore(AsyncPooledConnections):
         # libpq's pipeline directly (_postgres_wire): cheaper than two statements even
         # over loopback. psycopg's pipeline() for a first statement other than a claim
         # costs more than a loopback round trip, so ``None`` uses it for remote servers.
-        self._batch_open = True if pipeline is None else pipeline
+        # (libpq before 14 has no pipeline mode: one statement at a time there)
+        self._batch_open = psycopg.AsyncPipeline.is_supported() if pipeline is None else pipeline
         self._pipeline = (
             not (self.conninfo and _is_local(self.conninfo)) if pipeline is None else pipeline
         )
