@@ -8,7 +8,9 @@ is compared with the general walk over generated inputs.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import inspect
 import subprocess
 import sys
 from typing import Any
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 
 from onceonly._core import canonical, codec
 from onceonly._core.keys import MAX_KEY_LENGTH, validate_key
+from onceonly._core.state import Record, Write
 from onceonly.errors import EncodingError, InvalidKey, InvalidPayload, TooLarge
 from onceonly.outcome import new_token
 
@@ -163,3 +166,23 @@ def test_a_forked_child_draws_other_tokens() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["8", "0"]
+
+
+@pytest.mark.parametrize("cls", [Record, Write])
+def test_one_step_init_is_the_dataclass_init(cls: Any) -> None:
+    """Record and Write take the parameters and defaults the dataclass would, and stay
+    frozen, comparable and replaceable."""
+    fields = dataclasses.fields(cls)
+    twin = dataclasses.make_dataclass("Twin", [(f.name, f.type, f) for f in fields], frozen=True)
+    assert list(inspect.signature(cls).parameters.values()) == list(
+        inspect.signature(twin).parameters.values()
+    )
+    required = {f.name: f"v-{f.name}" for f in fields if f.default is dataclasses.MISSING}
+    assert vars(cls(**required)) == vars(twin(**required))  # the defaults
+    values = {f.name: f"v-{f.name}" for f in fields}
+    made = cls(**values)
+    assert vars(made) == vars(twin(**values)) == values
+    assert made == cls(*values.values()) and hash(made) == hash(cls(**values))
+    assert dataclasses.replace(made, token=7).token == 7
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.token = 8
