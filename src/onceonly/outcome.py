@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from onceonly._core import codec
-from onceonly._core.state import Record, Write, cached_error_write, fail_write
+from onceonly._core.state import Record, Write, cached_error_write, fail_write, one_step_init
 from onceonly.errors import (
     ConfigurationError,
     CorruptRecord,
@@ -27,6 +27,7 @@ __all__ = ["Outcome"]
 T = TypeVar("T")
 
 
+@one_step_init
 @dataclass(frozen=True)
 class Outcome(Generic[T]):
     """The result of processing one delivery.

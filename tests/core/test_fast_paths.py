@@ -23,7 +23,8 @@ from onceonly._core import canonical, codec
 from onceonly._core.keys import MAX_KEY_LENGTH, validate_key
 from onceonly._core.state import Record, Write
 from onceonly.errors import EncodingError, InvalidKey, InvalidPayload, TooLarge
-from onceonly.outcome import new_token
+from onceonly.outcome import Outcome, new_token
+from onceonly.types import Snapshot
 
 
 class Level(enum.IntEnum):
@@ -144,7 +145,8 @@ def test_tokens_are_63_bit_and_distinct() -> None:
 
 _FORK_CHECK = """
 import os
-from onceonly.outcome import new_token
+from onceonly.outcome import Outcome, new_token
+from onceonly.types import Snapshot
 new_token()  # the buffer now holds tokens a child would inherit
 read, write = os.pipe()
 pid = os.fork()
@@ -168,10 +170,10 @@ def test_a_forked_child_draws_other_tokens() -> None:
     assert out.stdout.split() == ["8", "0"]
 
 
-@pytest.mark.parametrize("cls", [Record, Write])
+@pytest.mark.parametrize("cls", [Record, Write, Snapshot, Outcome])
 def test_one_step_init_is_the_dataclass_init(cls: Any) -> None:
-    """Record and Write take the parameters and defaults the dataclass would, and stay
-    frozen, comparable and replaceable."""
+    """Record, Write, Snapshot and Outcome take the dataclass's parameters and defaults,
+    and stay frozen, comparable and replaceable."""
     fields = dataclasses.fields(cls)
     twin = dataclasses.make_dataclass("Twin", [(f.name, f.type, f) for f in fields], frozen=True)
     assert list(inspect.signature(cls).parameters.values()) == list(
@@ -183,6 +185,7 @@ def test_one_step_init_is_the_dataclass_init(cls: Any) -> None:
     made = cls(**values)
     assert vars(made) == vars(twin(**values)) == values
     assert made == cls(*values.values()) and hash(made) == hash(cls(**values))
-    assert dataclasses.replace(made, token=7).token == 7
+    first = fields[0].name
+    assert getattr(dataclasses.replace(made, **{first: 7}), first) == 7
     with pytest.raises(dataclasses.FrozenInstanceError):
-        made.token = 8
+        setattr(made, first, 8)

@@ -55,7 +55,7 @@ from onceonly.errors import CorruptRecord
 _T = TypeVar("_T")
 
 
-def _one_step_init(cls: type[_T]) -> type[_T]:
+def one_step_init(cls: type[_T]) -> type[_T]:
     """Give a frozen dataclass an ``__init__`` that sets the instance dict in one step.
 
     The generated ``__init__`` of a frozen dataclass calls ``object.__setattr__`` once
@@ -107,7 +107,7 @@ class State(str, enum.Enum):
             ) from None
 
 
-@_one_step_init
+@one_step_init
 @dataclass(frozen=True)
 class Record:
     """One stored record, as read from a store. Times are epoch seconds on the store clock."""
@@ -129,7 +129,7 @@ class Record:
     expires_at: float | None = None
 
 
-@_one_step_init
+@one_step_init
 @dataclass(frozen=True)
 class Write:
     """The new content of a record. The store stamps the times from its own clock.

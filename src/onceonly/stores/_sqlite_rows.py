@@ -25,6 +25,7 @@ __all__ = [
     "_COLUMNS",
     "_busy_timeout_ms",
     "_errors",
+    "_insert_values",
     "_record",
     "_row_values",
     "_translate",
@@ -59,10 +60,35 @@ def _record(row: Sequence[Any]) -> Record:
     )
 
 
+# State.value is a property (slow on the hot path); the text of each state, by state.
+_STATE_TEXT = {state: state.value for state in State}
+
+
+def _insert_values(scope: str, key: str, write: Write, now: float) -> tuple[Any, ...]:
+    """The bound values of ``insert``: scope, key, created_at, then ``_row_values``."""
+    return (
+        scope,
+        key,
+        now,
+        _STATE_TEXT[write.state],
+        write.fingerprint,
+        write.token,
+        write.attempts,
+        None if write.lease_seconds is None else now + write.lease_seconds,
+        write.result,
+        write.error,
+        write.payload,
+        write.checkpoint,
+        now,
+        now if write.completed else None,
+        None if write.ttl_seconds is None else now + write.ttl_seconds,
+    )
+
+
 def _row_values(write: Write, now: float) -> tuple[Any, ...]:
     """state .. expires_at without scope/key/created_at, stamped at ``now``."""
     return (
-        write.state.value,
+        _STATE_TEXT[write.state],
         write.fingerprint,
         write.token,
         write.attempts,

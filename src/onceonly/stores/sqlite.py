@@ -36,8 +36,8 @@ from onceonly.stores._sqlite_rows import (
     _COLUMNS,
     _busy_timeout_ms,
     _errors,
+    _insert_values,
     _record,
-    _row_values,
     _translate,
     _update_values,
     _written,
@@ -101,7 +101,7 @@ class SQLiteSession:
         now = self._store.clock()
         try:
             inserted = self._conn.execute(
-                self._store._insert, (scope, key, now, *_row_values(write, now))
+                self._store._insert, _insert_values(scope, key, write, now)
             ).rowcount
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
@@ -244,6 +244,8 @@ class SQLiteStore:
         self._pool: list[sqlite3.Connection] = []
         # The busy timeout each pooled connection has (by id): set only when it changes.
         self._busy: dict[int, int] = {}
+        # the last lock_wait asked for, and its busy timeout in milliseconds
+        self._busy_for: tuple[float, int] = (5.0, _busy_timeout_ms(5.0))
         self._pool_pid = _pid[0]
         self._closed = False  # connections given back after close() are closed, not kept
         self._lock = threading.Lock()
@@ -365,7 +367,9 @@ class SQLiteStore:
         the caller's ``sqlite3.Connection`` (which must be inside a transaction)."""
         if connection is not None:
             return contextmanager(self._savepoint)(connection)
-        return _Transaction(self, _busy_timeout_ms(lock_wait))
+        if lock_wait != self._busy_for[0]:  # the same wait every time, in practice
+            self._busy_for = (lock_wait, _busy_timeout_ms(lock_wait))
+        return _Transaction(self, self._busy_for[1])
 
     def _savepoint(self, conn: Any) -> Iterator[SQLiteSession]:
         if not isinstance(conn, sqlite3.Connection):
