@@ -124,7 +124,7 @@ def _written(scope: str, key: str, write: Write, now: float) -> Record:
         write.result,
         write.error,
         write.payload,
-        None,
+        write.checkpoint,
         now,
         now,
         now if write.completed else None,
