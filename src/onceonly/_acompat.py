@@ -81,14 +81,25 @@ class _Renewals:
                 self._cond.notify()
 
     def _run(self) -> None:
+        heap = self._heap
         while True:
             with self._cond:
-                while not self._heap or self._heap[0][0] > time.monotonic():
-                    timeout = self._heap[0][0] - time.monotonic() if self._heap else None
-                    self._cond.wait(timeout)
-                _, _, hb = heapq.heappop(self._heap)
+                while True:
+                    # Most heartbeats stop long before they are due (the call ended):
+                    # drop them here instead of waking up for each one.
+                    while heap and heap[0][2].stopped:
+                        heapq.heappop(heap)
+                    if heap and heap[0][0] <= time.monotonic():
+                        break
+                    self._cond.wait(heap[0][0] - time.monotonic() if heap else None)
+                _, _, hb = heapq.heappop(heap)
             if hb.beat_once():
                 self.schedule(hb, time.monotonic() + hb.interval)
+
+    def pending(self) -> list[Heartbeat]:
+        """The heartbeats in the heap (stopped ones not yet dropped too); for tests."""
+        with self._cond:
+            return [hb for _, _, hb in self._heap]
 
 
 class Heartbeat:
@@ -104,6 +115,10 @@ class Heartbeat:
         self.interval = interval
         self._beat: Callable[[], bool] | None = beat  # None once stopped
         self._lock = threading.Lock()  # held while a beat runs
+
+    @property
+    def stopped(self) -> bool:
+        return self._beat is None
 
     def beat_once(self) -> bool:
         """Run one beat; whether to schedule the next."""

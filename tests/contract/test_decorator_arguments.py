@@ -8,12 +8,12 @@ path); the fingerprint and the payload snapshot must be the same as when they ar
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 import onceonly
-from onceonly._acompat import Heartbeat
+from onceonly._acompat import Heartbeat, _Renewals
 
 
 def test_positional_keyword_and_default_calls_are_one_call() -> None:
@@ -64,3 +64,33 @@ def test_a_sooner_heartbeat_wakes_the_scheduler() -> None:
         soon.stop()
         late.stop()
     assert beats and beats[0] - start < 2.0
+
+
+class _Counted(Heartbeat):
+    __slots__ = ()
+    ran: ClassVar[list[bool]] = []
+
+    def beat_once(self) -> bool:
+        _Counted.ran.append(self.stopped)
+        return super().beat_once()
+
+
+def test_stopped_heartbeats_are_dropped_without_beating() -> None:
+    """Heartbeats stopped before they are due are dropped from the scheduler's heap
+    without being run (no wake-up of its thread for each)."""
+    beats: list[str] = []
+    stopped = [_Counted(0.05, lambda: beats.append("stopped") is None) for _ in range(200)]
+    for hb in stopped:
+        hb.start()
+        hb.stop()
+    live = Heartbeat(0.05, lambda: beats.append("live") is None)
+    live.start()
+    try:
+        deadline = time.monotonic() + 5
+        while beats.count("live") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        live.stop()
+    assert set(beats) == {"live"}
+    assert _Counted.ran == []  # none of them was run, even to find it stopped
+    assert not set(_Renewals.get().pending()) & set(stopped)
