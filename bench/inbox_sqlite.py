@@ -7,10 +7,15 @@ Each message: a new key and ONE business insert into a ledger, in one transactio
 * ``hand``: the same file, a plain ``sqlite3`` connection with the store's settings (WAL,
   ``synchronous=NORMAL``): ``BEGIN IMMEDIATE``, ``INSERT … ON CONFLICT DO NOTHING`` of the
   claim, the ledger insert, ``COMMIT``;
-* ``inbox/batch``: ``inbox.process_batch`` of ``--batch`` messages.
+* ``hand/row``: ``hand`` writing onceonly's own claim row instead (the records table:
+  15 columns and its ``(state, expires_at)`` index, the statement ``Inbox`` sends): what
+  ``Inbox`` would cost with no Python of its own, the ceiling of ``inbox / hand``;
+* ``inbox/batch``: ``inbox.process_batch`` of ``--batch`` messages;
+* ``inbox/replay``: ``inbox.process`` of keys already completed.
 
 One thread (SQLite has one writer). The cases alternate in ``--slice`` second slices,
-``--rounds`` times; the medians and their ratios are printed.
+``--rounds`` times; the medians and their ratios are printed, by wall time and by this
+process's CPU time (user + system, steadier on a shared machine).
 
     .venv/bin/python bench/inbox_sqlite.py [--rounds 5] [--slice 1] [--batch 50]
 
@@ -38,12 +43,13 @@ def key() -> str:
     return f"k{next(_ids)}-{secrets.token_hex(4)}"
 
 
-def rate(seconds: float, work: Callable[[], int]) -> float:
-    done, start = 0, time.perf_counter()
+def rate(seconds: float, work: Callable[[], int]) -> tuple[float, float]:
+    """Messages/s of ``work`` for ``seconds``, and this process's CPU µs per message."""
+    done, start, cpu = 0, time.perf_counter(), time.process_time()
     stop = start + seconds
     while time.perf_counter() < stop:
         done += work()
-    return done / (time.perf_counter() - start)
+    return done / (time.perf_counter() - start), (time.process_time() - cpu) / done * 1e6
 
 
 def main() -> None:
@@ -80,6 +86,38 @@ def main() -> None:
             conn.execute("COMMIT")
             return 1
 
+        claim_row = (
+            "INSERT INTO onceonly_records (scope, key, created_at, state, fingerprint, token,"
+            " attempts, lease_until, result, error, payload, checkpoint, updated_at,"
+            " completed_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (scope, key) DO NOTHING"
+        )
+        fp = "2:" + "0" * 64
+        nulls = (None,) * 5
+
+        def hand_row() -> int:
+            k = key()
+            now = time.time()
+            conn.execute("BEGIN IMMEDIATE")
+            claimed = conn.execute(
+                claim_row,
+                ("bench", k, now, "completed", fp, 1, 0, *nulls, now, now, now + 7 * 86400),
+            ).rowcount
+            if claimed:
+                conn.execute("INSERT INTO ledger (id, amount) VALUES (?, 1)", (k,))
+            conn.execute("COMMIT")
+            return 1
+
+        done = [key() for _ in range(2000)]
+        for k in done:
+            inbox.process(k, k, handler)
+        replays = itertools.count()
+
+        def replay() -> int:
+            k = done[next(replays) % len(done)]
+            inbox.process(k, k, handler)
+            return 1
+
         def one() -> int:
             k = key()
             inbox.process(k, k, handler)
@@ -89,19 +127,29 @@ def main() -> None:
             keys = [key() for _ in range(args.batch)]
             return len(inbox.process_batch([(k, k) for k in keys], handler))
 
-        cases = {"hand": hand, "inbox": one, "inbox/batch": batch}
-        results: dict[str, list[float]] = {name: [] for name in cases}
+        cases = {
+            "hand": hand,
+            "hand/row": hand_row,
+            "inbox": one,
+            "inbox/batch": batch,
+            "inbox/replay": replay,
+        }
+        results: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
         for work in cases.values():
             rate(0.2, work)  # warm-up
         for _ in range(args.rounds):
             for name, work in cases.items():
                 results[name].append(rate(args.slice, work))
-        med = {name: statistics.median(v) for name, v in results.items()}
+        med = {name: statistics.median(r for r, _ in v) for name, v in results.items()}
+        cpu = {name: statistics.median(c for _, c in v) for name, v in results.items()}
         print(f"{args.rounds} rounds of {args.slice:g} s per case, interleaved, one thread")
         for name, value in med.items():
-            print(f"{name:<12}{value:>10,.0f} msg/s")
-        print(f"inbox / hand        {med['inbox'] / med['hand']:.2f}x")
-        print(f"inbox/batch / hand  {med['inbox/batch'] / med['hand']:.2f}x")
+            print(f"{name:<14}{value:>10,.0f} msg/s {cpu[name]:>7.1f} µs CPU/msg")
+        for name in ("hand/row", "inbox", "inbox/batch", "inbox/replay"):
+            print(
+                f"{name + ' / hand':<22}{med[name] / med['hand']:.2f}x wall "
+                f"{cpu['hand'] / cpu[name]:.2f}x CPU"
+            )
         conn.close()
         store.close()
 

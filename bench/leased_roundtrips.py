@@ -319,19 +319,21 @@ class Tally:
         return max(c.round_trips for c in self.costs)
 
 
-def rate(call: Callable[[int], object], seconds: float, repeat: int) -> tuple[float, int]:
-    """Median calls/s of ``call(i)`` over ``repeat`` runs of ``seconds``; and the calls made."""
-    results = []
+def rate(call: Callable[[int], object], seconds: float, repeat: int) -> tuple[float, int, float]:
+    """Median calls/s of ``call(i)`` over ``repeat`` runs of ``seconds``; the calls made;
+    and the median client CPU time (user + system, this process) per call in µs."""
+    results, cpu = [], []
     i = 0
     for _ in range(repeat):
-        n, start = 0, time.perf_counter()
+        n, start, cpu_start = 0, time.perf_counter(), time.process_time()
         deadline = start + seconds
         while time.perf_counter() < deadline:
             call(i)
             i += 1
             n += 1
         results.append(n / (time.perf_counter() - start))
-    return statistics.median(results), i
+        cpu.append((time.process_time() - cpu_start) / n * 1e6)
+    return statistics.median(results), i, statistics.median(cpu)
 
 
 # -- the scenarios
@@ -510,16 +512,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         for i in range(10):
             charge(f"warm-{i}")
             conn.execute("SELECT 1")
-        new_rate, done = rate(lambda i: charge(f"t-{i}"), args.seconds, args.repeat)
-        replay_rate, _ = rate(lambda i: charge(f"t-{i % done}"), args.seconds, args.repeat)
-        select_rate, _ = rate(lambda i: conn.execute("SELECT 1"), args.seconds, args.repeat)
+        new_rate, done, new_cpu = rate(lambda i: charge(f"t-{i}"), args.seconds, args.repeat)
+        replay_rate, _, replay_cpu = rate(
+            lambda i: charge(f"t-{i % done}"), args.seconds, args.repeat
+        )
+        select_rate, _, select_cpu = rate(
+            lambda i: conn.execute("SELECT 1"), args.seconds, args.repeat
+        )
         print(
             f"\n== timings (direct connection, median of {args.repeat} x {args.seconds:g} s, "
             "one thread) =="
         )
-        print(f"  @idempotent, new key : {new_rate:8,.0f} calls/s")
-        print(f"  @idempotent, replay  : {replay_rate:8,.0f} calls/s")
-        print(f"  reference: SELECT 1  : {select_rate:8,.0f} round trips/s (autocommit)")
+        each = "µs client CPU each"
+        print(f"  @idempotent, new key : {new_rate:8,.0f} calls/s, {new_cpu:6.0f} {each}")
+        print(f"  @idempotent, replay  : {replay_rate:8,.0f} calls/s, {replay_cpu:6.0f} {each}")
+        print(
+            f"  reference: SELECT 1  : {select_rate:8,.0f} round trips/s (autocommit), "
+            f"{select_cpu:6.0f} {each}"
+        )
     finally:
         for closer in reversed(closers):
             try:

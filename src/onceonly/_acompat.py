@@ -74,17 +74,32 @@ class _Renewals:
     def schedule(self, hb: Heartbeat, due: float) -> None:
         with self._cond:
             heapq.heappush(self._heap, (due, next(self._seq), hb))
-            self._cond.notify()
+            # Wake the thread only when its next wake-up moves earlier: waking it for
+            # every call (most heartbeats are due after the one it waits for) costs a
+            # thread switch per call.
+            if self._heap[0][2] is hb:
+                self._cond.notify()
 
     def _run(self) -> None:
+        heap = self._heap
         while True:
             with self._cond:
-                while not self._heap or self._heap[0][0] > time.monotonic():
-                    timeout = self._heap[0][0] - time.monotonic() if self._heap else None
-                    self._cond.wait(timeout)
-                _, _, hb = heapq.heappop(self._heap)
+                while True:
+                    # Most heartbeats stop long before they are due (the call ended):
+                    # drop them here instead of waking up for each one.
+                    while heap and heap[0][2].stopped:
+                        heapq.heappop(heap)
+                    if heap and heap[0][0] <= time.monotonic():
+                        break
+                    self._cond.wait(heap[0][0] - time.monotonic() if heap else None)
+                _, _, hb = heapq.heappop(heap)
             if hb.beat_once():
                 self.schedule(hb, time.monotonic() + hb.interval)
+
+    def pending(self) -> list[Heartbeat]:
+        """The heartbeats in the heap (stopped ones not yet dropped too); for tests."""
+        with self._cond:
+            return [hb for _, _, hb in self._heap]
 
 
 class Heartbeat:
@@ -94,19 +109,25 @@ class Heartbeat:
     :meth:`stop` returns, ``beat`` is not running and will not run again.
     """
 
+    __slots__ = ("_beat", "_lock", "interval")
+
     def __init__(self, interval: float, beat: Callable[[], bool]) -> None:
         self.interval = interval
-        self._beat = beat
+        self._beat: Callable[[], bool] | None = beat  # None once stopped
         self._lock = threading.Lock()  # held while a beat runs
-        self._stopped = False
+
+    @property
+    def stopped(self) -> bool:
+        return self._beat is None
 
     def beat_once(self) -> bool:
         """Run one beat; whether to schedule the next."""
         with self._lock:
-            if self._stopped:
+            beat = self._beat
+            if beat is None:
                 return False
             try:
-                if not self._beat():
+                if not beat():
                     return False
             except Exception:  # a failed renewal is retried at the next beat
                 log.warning("lease renewal failed; retrying", exc_info=True)
@@ -117,7 +138,9 @@ class Heartbeat:
 
     def stop(self) -> None:
         with self._lock:
-            self._stopped = True
+            # Drop the beat (and the claim it holds): a stopped heartbeat waits in the
+            # scheduler's heap until it is due, and should weigh nothing meanwhile.
+            self._beat = None
 
 
 class AsyncHeartbeat:

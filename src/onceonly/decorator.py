@@ -110,11 +110,21 @@ class _Idempotent:
         self.max_result_bytes = max_result_bytes
         self.listeners = tuple(listeners)
 
-    def _fp(self, sig: inspect.Signature, args: Any, kwargs: Any) -> tuple[str | None, Any]:
-        """The fingerprint of a call and the arguments kept as its payload snapshot."""
-        bound = sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments = dict(bound.arguments)
+    def _fp(
+        self, sig: inspect.Signature, names: tuple[str, ...] | None, args: Any, kwargs: Any
+    ) -> tuple[str | None, Any]:
+        """The fingerprint of a call and the arguments kept as its payload snapshot.
+
+        ``names``: the parameters when all are positional (no ``*args``, keyword-only or
+        ``**kwargs``); a call passing each of them positionally binds without
+        ``Signature.bind`` (the same mapping, in the same order).
+        """
+        if names is not None and not kwargs and len(args) == len(names):
+            arguments = dict(zip(names, args, strict=True))
+        else:
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = dict(bound.arguments)
         if self.fingerprint is not None:
             return fingerprint_of(self.fingerprint(*args, **kwargs)), arguments
         if not self.check_arguments:
@@ -136,6 +146,12 @@ class _Idempotent:
             self.scope if self.scope is not None else _default_scope(fn), what="scope"
         )
         sig = inspect.signature(fn)
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        names = (
+            tuple(sig.parameters)
+            if all(p.kind in positional for p in sig.parameters.values())
+            else None
+        )
         opts: dict[str, Any] = {
             "scope": scope,
             "policy": self.policy,
@@ -152,7 +168,7 @@ class _Idempotent:
             @functools.wraps(fn)
             async def awrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
                 key = validate_key(self.key(*args, **kwargs))
-                fp, arguments = self._fp(sig, args, kwargs)
+                fp, arguments = self._fp(sig, names, args, kwargs)
                 result, _, _ = await arunner.run(key, fp, lambda: fn(*args, **kwargs), arguments)
                 return result
 
@@ -162,7 +178,7 @@ class _Idempotent:
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
             key = validate_key(self.key(*args, **kwargs))
-            fp, arguments = self._fp(sig, args, kwargs)
+            fp, arguments = self._fp(sig, names, args, kwargs)
             result, _, _ = runner.run(key, fp, lambda: fn(*args, **kwargs), arguments)
             return result
 

@@ -30,7 +30,6 @@ from onceonly._core.state import (
     Record,
     State,
     Write,
-    claim_write,
     complete_write,
     decide,
 )
@@ -245,8 +244,11 @@ class AsyncInbox:
             dead: DeadLettered | None = None
             try:
                 async with self.store.transaction(connection, lock_wait=self.wait) as session:
-                    intent = claim_write(fp, token, self.policy)
-                    snap = await session.claim(scope, key, self._atomic(intent))
+                    # atomic mode writes the claim as it would end: see _atomic
+                    intent = Write(
+                        State.COMPLETED, token, fp, 0, ttl_seconds=self.ttl, completed=True
+                    )
+                    snap = await session.claim(scope, key, intent)
                     if snap.inserted:
                         claimed, attempt = snap.record, 1
                     else:

@@ -4,13 +4,16 @@ failures (one place, so the inbox and leased mode cannot drift apart)."""
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
+import os
 import secrets
+import struct
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from onceonly._core import codec
-from onceonly._core.state import Record, Write, cached_error_write, fail_write
+from onceonly._core.state import Record, Write, cached_error_write, fail_write, one_step_init
 from onceonly.errors import (
     ConfigurationError,
     CorruptRecord,
@@ -24,6 +27,7 @@ __all__ = ["Outcome"]
 T = TypeVar("T")
 
 
+@one_step_init
 @dataclass(frozen=True)
 class Outcome(Generic[T]):
     """The result of processing one delivery.
@@ -100,10 +104,37 @@ def random_fraction() -> float:
     return secrets.randbits(53) / (1 << 53)
 
 
+# Fencing tokens are drawn from the OS's CSPRNG in bulk (one getrandom call per
+# _TOKEN_BATCH tokens, not one per token). A deque's popleft is atomic, so threads never
+# share a token; a forked child drops the buffer it inherited, or parent and child would
+# hand out the same tokens.
+_TOKEN_BATCH = 256
+_TOKEN_MASK = (1 << 63) - 1
+_token_buffer: collections.deque[int] = collections.deque()
+_unpack_tokens = struct.Struct(f"<{_TOKEN_BATCH}Q").unpack
+
+
+def _drop_tokens() -> None:
+    _token_buffer.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_drop_tokens)
+
+
 def new_token() -> int:
     """A fresh fencing token: 63 random bits, so a token is never reused for a key,
-    even after its record was purged and claimed again."""
-    return secrets.randbits(63) or 1
+    even after its record was purged and claimed again.
+
+    The bits come from ``os.urandom`` (as ``secrets`` does), read in bulk; every token
+    is handed out once per process.
+    """
+    try:
+        token = _token_buffer.popleft()
+    except IndexError:
+        _token_buffer.extend(v & _TOKEN_MASK for v in _unpack_tokens(os.urandom(8 * _TOKEN_BATCH)))
+        return new_token()
+    return token or 1
 
 
 def replayed_result(

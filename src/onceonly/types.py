@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from onceonly._core.admin import PurgeRule, Query, ScopeStats
-from onceonly._core.state import Expect, Record, Write
+from onceonly._core.state import Expect, Record, Write, one_step_init
 
 __all__ = [
     "AdminStore",
@@ -37,6 +37,7 @@ __all__ = [
 Params = Sequence[Any] | None
 
 
+@one_step_init
 @dataclass(frozen=True)
 class Snapshot:
     """A record (or its absence) read together with the store's clock.

@@ -169,8 +169,9 @@ def _decimal(value: Decimal) -> Any:
     return {"$decimal": f"{'-' if sign else ''}{coefficient}e{exponent}"}
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+# One encoder for every call (json.dumps with options builds a new one each time).
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_dumps = _ENCODER.encode
 
 
 class _JsonText:
@@ -239,6 +240,49 @@ def _parse_text(payload: Any) -> Any:
     return payload
 
 
+# The first characters JSON text may start with (json.loads skips leading whitespace
+# and accepts NaN/Infinity, which the slow path then refuses). Text that starts with
+# anything else (or is empty) is not JSON, so it is tagged as text without parsing.
+_JSON_START = frozenset(' \t\n\r{["-0123456789tfnNI')
+# Scalars a flat mapping's values may be on the fast path. bool is its own type (not
+# ``int``), and int/str subclasses (enums) are left to the slow path.
+_FLAT = (str, bool, type(None))
+_FAST_INT_BITS = 63  # far below MAX_INT_DIGITS: such an int needs no digit check
+
+
+def _fast(payload: Any) -> bytes | None:
+    """The canonical bytes of the commonest payloads, or ``None`` for the general walk.
+
+    Covers text that is not JSON, exact ``int``, ``bool``, ``None``, and a ``dict``
+    whose keys are ``str`` not starting with ``$`` and whose values are such scalars or
+    finite non-integral floats. The output is byte-identical to :func:`_slow`'s (a
+    Hypothesis test compares them).
+    """
+    kind = type(payload)
+    if kind is str:
+        if payload and payload[0] in _JSON_START:
+            return None  # may be JSON text: parse it on the slow path
+        return ('{"$text":' + _ENCODER.encode(payload) + "}").encode("utf-8")
+    if kind is int:
+        return str(payload).encode() if payload.bit_length() <= _FAST_INT_BITS else None
+    if kind is dict:
+        for k, v in payload.items():
+            if type(k) is not str or k[:1] == "$":
+                return None
+            vkind = type(v)
+            if vkind in _FLAT:
+                continue
+            if vkind is int:
+                if v.bit_length() > _FAST_INT_BITS:
+                    return None
+            elif vkind is not float or not math.isfinite(v) or v.is_integer():
+                return None  # integral floats are written as ints: the slow path does it
+        return _dumps(payload).encode("utf-8")
+    if payload is None or kind is bool:
+        return _dumps(payload).encode()
+    return None
+
+
 def canonical_json(payload: Any, fields: Iterable[str] | None = None) -> bytes:
     """The canonical UTF-8 JSON bytes of ``payload`` (see the module docstring).
 
@@ -251,6 +295,18 @@ def canonical_json(payload: Any, fields: Iterable[str] | None = None) -> bytes:
         InvalidPayload: the payload holds something without a canonical form, or is
             past a limit (``MAX_DEPTH``, ``MAX_INT_DIGITS``). Every call ends quickly.
     """
+    if fields is None:
+        try:
+            fast = _fast(payload)
+        except UnicodeEncodeError:
+            raise _refuse("it holds text with a lone surrogate (not valid Unicode)") from None
+        if fast is not None:
+            return fast
+    return _slow(payload, fields)
+
+
+def _slow(payload: Any, fields: Iterable[str] | None = None) -> bytes:
+    """:func:`canonical_json` by the general walk (every payload it accepts)."""
     value = _parse_text(payload)
     if fields is not None:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -193,8 +193,31 @@ class _Tagger:
         )
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False, check_circular=False)
+# One encoder for every call (json.dumps with options builds a new one each time).
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False, check_circular=False).encode
+
+
+_SIMPLE = (str, int, bool, type(None))
+
+
+def _flat(value: Any) -> bool:
+    """Whether both encodings write ``value`` as plain ``json.dumps`` does: a scalar,
+    or a ``dict`` of ``str`` keys (none starting with ``$``) to scalars. Exact types
+    only (subclasses and enums take the general walk); floats must be finite."""
+    kind = type(value)
+    if kind in _SIMPLE:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if kind is not dict:
+        return False
+    for k, v in value.items():
+        if type(k) is not str or k[:1] == "$":
+            return False
+        vkind = type(v)
+        if vkind not in _SIMPLE and (vkind is not float or not math.isfinite(v)):
+            return False
+    return True
 
 
 def _typed(value: Any, what: str) -> str:
@@ -275,10 +298,17 @@ def encode(
             than ``MAX_DEPTH``, or is circular.
         TooLarge: the encoding is longer than ``max_bytes`` bytes (UTF-8).
     """
+    if value is None and max_bytes >= 4:  # the commonest result: a handler returning None
+        return "null"
     if typed is None:
         typed = what == "result"
     try:
-        text = _typed(value, what) if typed else _plain(value)
+        if _flat(value):  # the common case needs no walk (byte-identical, tested)
+            text = _dumps(value)
+        elif typed:
+            text = _typed(value, what)
+        else:
+            text = _plain(value)
     except EncodingError:
         raise
     except RecursionError:

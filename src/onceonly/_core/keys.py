@@ -21,6 +21,9 @@ def validate_key(key: object, *, what: str = "key") -> str:
     (C0, DEL, C1) and no lone surrogates (which UTF-8 cannot encode), so that it is
     safe in logs, headers and every store.
     """
+    # Fast path, in C: control characters and surrogates are never printable.
+    if type(key) is str and key.isprintable() and 0 < len(key) <= MAX_KEY_LENGTH:
+        return key
     if not isinstance(key, str):
         raise InvalidKey(f"{what} must be a str, not {type(key).__name__}")
     if not key:

@@ -47,9 +47,45 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from onceonly._core.fingerprint import comparable
 from onceonly.errors import CorruptRecord
+
+_T = TypeVar("_T")
+
+
+def one_step_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen dataclass an ``__init__`` that sets the instance dict in one step.
+
+    The generated ``__init__`` of a frozen dataclass calls ``object.__setattr__`` once
+    per field (about 2 µs for :class:`Record`'s 15, paid on every claim); this one takes
+    the same parameters with the same defaults and stores them at once. Only for plain
+    fields (no default factory, no ``__post_init__``); tests compare it with the
+    dataclass's own.
+    """
+    params, defaults = [], {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.default_factory is not dataclasses.MISSING or hasattr(cls, "__post_init__"):
+            raise TypeError(f"{cls.__name__}.{f.name}: only plain fields are supported")
+        if f.default is dataclasses.MISSING:
+            params.append(f.name)
+        else:
+            defaults[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    source = (
+        f"def __init__(self, {', '.join(params)}):\n"
+        f"    _set(self, '__dict__', {{{', '.join(f'{n!r}: {n}' for n in names)}}})\n"
+    )
+    namespace: dict[str, Any] = {"_set": object.__setattr__, **defaults}
+    exec(source, namespace)  # built from the class's own field names only
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    init.__annotations__ = dict(cls.__init__.__annotations__)
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
 
 
 class State(str, enum.Enum):
@@ -71,6 +107,7 @@ class State(str, enum.Enum):
             ) from None
 
 
+@one_step_init
 @dataclass(frozen=True)
 class Record:
     """One stored record, as read from a store. Times are epoch seconds on the store clock."""
@@ -92,6 +129,7 @@ class Record:
     expires_at: float | None = None
 
 
+@one_step_init
 @dataclass(frozen=True)
 class Write:
     """The new content of a record. The store stamps the times from its own clock.

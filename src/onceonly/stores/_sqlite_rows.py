@@ -16,11 +16,22 @@ from onceonly.errors import (
     ConfigurationError,
     InFlight,
     NotMigrated,
+    OnceOnlyError,
     StoreError,
     StoreUnavailable,
 )
 
-__all__ = ["_COLUMNS", "_busy_timeout_ms", "_errors", "_record", "_row_values", "_update_values"]
+__all__ = [
+    "_COLUMNS",
+    "_busy_timeout_ms",
+    "_errors",
+    "_insert_values",
+    "_record",
+    "_row_values",
+    "_translate",
+    "_update_values",
+    "_written",
+]
 
 _MAX_BUSY_MS = 2**31 - 1
 _COLUMNS = (
@@ -49,10 +60,35 @@ def _record(row: Sequence[Any]) -> Record:
     )
 
 
+# State.value is a property (slow on the hot path); the text of each state, by state.
+_STATE_TEXT = {state: state.value for state in State}
+
+
+def _insert_values(scope: str, key: str, write: Write, now: float) -> tuple[Any, ...]:
+    """The bound values of ``insert``: scope, key, created_at, then ``_row_values``."""
+    return (
+        scope,
+        key,
+        now,
+        _STATE_TEXT[write.state],
+        write.fingerprint,
+        write.token,
+        write.attempts,
+        None if write.lease_seconds is None else now + write.lease_seconds,
+        write.result,
+        write.error,
+        write.payload,
+        write.checkpoint,
+        now,
+        now if write.completed else None,
+        None if write.ttl_seconds is None else now + write.ttl_seconds,
+    )
+
+
 def _row_values(write: Write, now: float) -> tuple[Any, ...]:
     """state .. expires_at without scope/key/created_at, stamped at ``now``."""
     return (
-        write.state.value,
+        _STATE_TEXT[write.state],
         write.fingerprint,
         write.token,
         write.attempts,
@@ -74,30 +110,55 @@ def _update_values(write: Write, now: float) -> tuple[Any, ...]:
     return (*values[:8], write.keep_checkpoint, *values[8:])
 
 
+def _written(scope: str, key: str, write: Write, now: float) -> Record:
+    """The record an insert of ``write`` at ``now`` stored (what ``RETURNING`` would read
+    back: the same values, so the statement needs no ``RETURNING``)."""
+    return Record(
+        scope,
+        key,
+        write.state,
+        write.fingerprint,
+        write.token,
+        write.attempts,
+        None if write.lease_seconds is None else now + write.lease_seconds,
+        write.result,
+        write.error,
+        write.payload,
+        write.checkpoint,
+        now,
+        now,
+        now if write.completed else None,
+        None if write.ttl_seconds is None else now + write.ttl_seconds,
+    )
+
+
+def _translate(exc: sqlite3.Error, *, begin: bool = False) -> OnceOnlyError:
+    """The error to raise (``from exc``) for a sqlite3 error of the store's own statements."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return StoreError(f"SQLite failed: {exc}")
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        if begin:
+            return InFlight(
+                "the database write lock was held longer than the wait (a concurrent "
+                "delivery is running); retry later"
+            )
+        return StoreUnavailable(f"SQLite is busy: {text}")
+    if "unable to open" in text or "disk I/O" in text:
+        return StoreUnavailable(f"SQLite is unavailable: {text}")
+    if text.startswith("no such table"):
+        # only the store's own statements come through here, never the handler's
+        return NotMigrated(f"a table of the store is missing; run store.migrate() first ({text})")
+    return StoreError(f"SQLite failed: {text}")
+
+
 @contextmanager
 def _errors(*, begin: bool = False) -> Iterator[None]:
     """Translate sqlite3 errors raised by the store's own statements."""
     try:
         yield
-    except sqlite3.OperationalError as exc:
-        text = str(exc)
-        if "locked" in text or "busy" in text:
-            if begin:
-                raise InFlight(
-                    "the database write lock was held longer than the wait (a concurrent "
-                    "delivery is running); retry later"
-                ) from exc
-            raise StoreUnavailable(f"SQLite is busy: {text}") from exc
-        if "unable to open" in text or "disk I/O" in text:
-            raise StoreUnavailable(f"SQLite is unavailable: {text}") from exc
-        if text.startswith("no such table"):
-            # only the store's own statements come through here, never the handler's
-            raise NotMigrated(
-                f"a table of the store is missing; run store.migrate() first ({text})"
-            ) from exc
-        raise StoreError(f"SQLite failed: {text}") from exc
     except sqlite3.Error as exc:
-        raise StoreError(f"SQLite failed: {exc}") from exc
+        raise _translate(exc, begin=begin) from exc
 
 
 def _busy_timeout_ms(lock_wait: float) -> int:

@@ -20,7 +20,8 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from onceonly._core.sql import validate_identifier
@@ -35,9 +36,11 @@ from onceonly.stores._sqlite_rows import (
     _COLUMNS,
     _busy_timeout_ms,
     _errors,
+    _insert_values,
     _record,
-    _row_values,
+    _translate,
     _update_values,
+    _written,
 )
 from onceonly.types import Params, Snapshot, TxHealth
 
@@ -74,6 +77,11 @@ def schema_ddl(table: str, outbox_table: str | None) -> list[str]:
         ddl += OutboxSQL("sqlite", outbox_table).migrate()
     return ddl
 
+# This process's id, kept current across forks without a getpid() per transaction.
+_pid = [os.getpid()]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+
 
 class SQLiteSession:
     """One SQLite connection, inside a transaction or in autocommit."""
@@ -109,22 +117,25 @@ class SQLiteSession:
             # purged between the two statements (autocommit only): insert again
 
     def get(self, scope: str, key: str) -> Snapshot:
-        q = self._store._q
-        with _errors():
-            row = self._conn.execute(q["get"], (scope, key)).fetchone()
+        try:
+            row = self._conn.execute(self._store._get, (scope, key)).fetchone()
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
         return Snapshot(_record(row) if row else None, self._store.clock())
 
     def insert(self, scope: str, key: str, write: Write) -> Record | None:
         now = self._store.clock()
-        with _errors():
-            row = self._conn.execute(
-                self._store._q["insert"], (scope, key, now, *_row_values(write, now))
-            ).fetchone()
-        return _record(row) if row else None
+        try:
+            inserted = self._conn.execute(
+                self._store._insert, _insert_values(scope, key, write, now)
+            ).rowcount
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+        return _written(scope, key, write, now) if inserted == 1 else None
 
     def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
         now = self._store.clock()
-        with _errors():
+        try:
             row = self._conn.execute(
                 self._store._q["update"],
                 (
@@ -138,6 +149,8 @@ class SQLiteSession:
                     now,
                 ),
             ).fetchone()
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
         return _record(row) if row else None
 
     def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
@@ -158,6 +171,57 @@ class SQLiteSession:
                 self._store._q["checkpoint"], (checkpoint, until, now, scope, key, token)
             ).fetchone()
         return row is not None
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` … ``COMMIT`` on a pooled connection (``SQLiteStore.transaction``).
+
+    A class rather than a generator context manager: it is entered once per message.
+    """
+
+    __slots__ = ("_busy", "_conn", "_store")
+
+    def __init__(self, store: SQLiteStore, busy: int) -> None:
+        self._store = store
+        self._busy = busy
+
+    def __enter__(self) -> SQLiteSession:
+        store = self._store
+        conn = store._acquire()
+        try:
+            if store._busy.get(id(conn)) != self._busy:  # a statement less per transaction
+                conn.execute(f"PRAGMA busy_timeout = {self._busy}")
+                store._busy[id(conn)] = self._busy
+            conn.execute("BEGIN IMMEDIATE")
+        except BaseException as exc:
+            store._release(conn)
+            if isinstance(exc, sqlite3.Error):
+                raise _translate(exc, begin=True) from exc
+            raise
+        self._conn = conn
+        return SQLiteSession(store, conn, transactional=True)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        conn = self._conn
+        try:
+            if exc_type is not None:
+                if conn.in_transaction:
+                    conn.rollback()
+                return  # the exception propagates
+            if not conn.in_transaction:
+                # COMMIT now would report writes that are not ours to report
+                raise TransactionEnded("the transaction was ended inside the session")
+            try:
+                conn.commit()
+            except sqlite3.Error as error:
+                raise _translate(error) from error
+        finally:
+            self._store._release(conn)
 
 
 class SQLiteStore:
@@ -206,18 +270,21 @@ class SQLiteStore:
         self._pool: list[sqlite3.Connection] = []
         # The busy timeout each pooled connection has (by id): set only when it changes.
         self._busy: dict[int, int] = {}
-        self._pool_pid = os.getpid()
+        # the last lock_wait asked for, and its busy timeout in milliseconds
+        self._busy_for: tuple[float, int] = (5.0, _busy_timeout_ms(5.0))
+        self._pool_pid = _pid[0]
         self._closed = False  # connections given back after close() are closed, not kept
         self._lock = threading.Lock()
         t = self.table
         cols = _COLUMNS
         self._q = {
             "get": f"SELECT {cols} FROM {t} WHERE scope = ? AND key = ?",
+            # no RETURNING: an inserted row holds exactly the values bound (_written)
             "insert": (
                 f"INSERT INTO {t} (scope, key, created_at, state, fingerprint, token, attempts,"
                 " lease_until, result, error, payload, checkpoint, updated_at, completed_at,"
                 " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                f" ON CONFLICT (scope, key) DO NOTHING RETURNING {cols}"
+                " ON CONFLICT (scope, key) DO NOTHING"
             ),
             "update": (
                 f"UPDATE {t} SET state = ?, fingerprint = ?, token = ?, attempts = ?,"
@@ -239,6 +306,8 @@ class SQLiteStore:
             ),
         }
 
+        self._get, self._insert = self._q["get"], self._q["insert"]
+
     # -- connections
     def _connect(self) -> sqlite3.Connection:
         with _errors():
@@ -252,9 +321,9 @@ class SQLiteStore:
 
     def _acquire(self) -> sqlite3.Connection:
         with self._lock:
-            if self._pool_pid != os.getpid():  # forked: the parent's connections are not ours
+            if self._pool_pid != _pid[0]:  # forked: the parent's connections are not ours
                 self._pool = []
-                self._pool_pid = os.getpid()
+                self._pool_pid = _pid[0]
             if self._pool:
                 return self._pool.pop()
         return self._connect()
@@ -262,7 +331,7 @@ class SQLiteStore:
     def _release(self, conn: sqlite3.Connection) -> None:
         if not conn.in_transaction:  # never hand out a connection with an open transaction
             with self._lock:
-                if not self._closed and self._pool_pid == os.getpid() and len(self._pool) < 16:
+                if not self._closed and self._pool_pid == _pid[0] and len(self._pool) < 16:
                     self._pool.append(conn)
                     return
         self._busy.pop(id(conn), None)
@@ -291,37 +360,16 @@ class SQLiteStore:
                 return None
         return int(row[0]) if row else None
 
-    @contextmanager
     def transaction(
         self, connection: Any = None, *, lock_wait: float = 5.0
-    ) -> Iterator[SQLiteSession]:
+    ) -> AbstractContextManager[SQLiteSession]:
         """``BEGIN IMMEDIATE`` … ``COMMIT`` on a pooled connection, or a savepoint in
         the caller's ``sqlite3.Connection`` (which must be inside a transaction)."""
         if connection is not None:
-            yield from self._savepoint(connection)
-            return
-        conn = self._acquire()
-        try:
-            with _errors(begin=True):
-                busy = _busy_timeout_ms(lock_wait)
-                if self._busy.get(id(conn)) != busy:  # a statement less per transaction
-                    conn.execute(f"PRAGMA busy_timeout = {busy}")
-                    self._busy[id(conn)] = busy
-                conn.execute("BEGIN IMMEDIATE")
-            session = SQLiteSession(self, conn, transactional=True)
-            try:
-                yield session
-            except BaseException:
-                if conn.in_transaction:
-                    conn.rollback()
-                raise
-            if session.health() is not TxHealth.OK:
-                # COMMIT now would report writes that are not ours to report
-                raise TransactionEnded("the transaction was ended inside the session")
-            with _errors():
-                conn.commit()
-        finally:
-            self._release(conn)
+            return contextmanager(self._savepoint)(connection)
+        if lock_wait != self._busy_for[0]:  # the same wait every time, in practice
+            self._busy_for = (lock_wait, _busy_timeout_ms(lock_wait))
+        return _Transaction(self, self._busy_for[1])
 
     def _savepoint(self, conn: Any) -> Iterator[SQLiteSession]:
         if not isinstance(conn, sqlite3.Connection):
