@@ -77,6 +77,7 @@ def schema_ddl(table: str, outbox_table: str | None) -> list[str]:
         ddl += OutboxSQL("sqlite", outbox_table).migrate()
     return ddl
 
+
 # This process's id, kept current across forks without a getpid() per transaction.
 _pid = [os.getpid()]
 if hasattr(os, "register_at_fork"):
