@@ -66,23 +66,7 @@ _STATE_TEXT = {state: state.value for state in State}
 
 def _insert_values(scope: str, key: str, write: Write, now: float) -> tuple[Any, ...]:
     """The bound values of ``insert``: scope, key, created_at, then ``_row_values``."""
-    return (
-        scope,
-        key,
-        now,
-        _STATE_TEXT[write.state],
-        write.fingerprint,
-        write.token,
-        write.attempts,
-        None if write.lease_seconds is None else now + write.lease_seconds,
-        write.result,
-        write.error,
-        write.payload,
-        write.checkpoint,
-        now,
-        now if write.completed else None,
-        None if write.ttl_seconds is None else now + write.ttl_seconds,
-    )
+    return (scope, key, now, *_row_values(write, now))
 
 
 def _row_values(write: Write, now: float) -> tuple[Any, ...]:
