@@ -7,14 +7,17 @@ from __future__ import annotations
 
 from onceonly._core.state import Expect, Record, State
 from onceonly.errors import (
+    ConfigurationError,
+    CorruptRecord,
     DeadLettered,
+    StoreError,
     StoreUnavailable,
     TransactionAborted,
     TransactionEnded,
 )
 from onceonly.types import TxHealth
 
-__all__ = ["HandlerFailed", "check_health", "dead_error", "is_own_mark"]
+__all__ = ["HandlerFailed", "check_health", "commit_refused", "dead_error", "is_own_mark"]
 
 
 class HandlerFailed(Exception):
@@ -38,6 +41,16 @@ class HandlerFailed(Exception):
         self.seen = seen
         self.attempt = attempt
         self.transient = health is TxHealth.LOST or isinstance(exc, StoreUnavailable)
+
+
+def commit_refused(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by the COMMIT of a transaction whose handler succeeded,
+    is the database refusing the handler's writes (a deferred constraint, a trigger at
+    commit): a failed attempt. Not a lost connection (the commit may have happened:
+    retried uncounted), a missing table or a damaged record."""
+    return isinstance(exc, StoreError) and not isinstance(
+        exc, (StoreUnavailable, ConfigurationError, CorruptRecord)
+    )
 
 
 def check_health(health: TxHealth, scope: str, key: str) -> None:

@@ -34,7 +34,13 @@ from onceonly._core.state import (
     complete_write,
     decide,
 )
-from onceonly._inbox_rules import HandlerFailed, check_health, dead_error, is_own_mark
+from onceonly._inbox_rules import (
+    HandlerFailed,
+    check_health,
+    commit_refused,
+    dead_error,
+    is_own_mark,
+)
 from onceonly._sqlalchemy import join
 from onceonly.errors import (
     ConfigurationError,
@@ -42,6 +48,7 @@ from onceonly.errors import (
     InFlight,
     OnceOnlyError,
     PayloadMismatch,
+    StoreError,
     StoreUnavailable,
 )
 from onceonly.events import EventHook, Listener, Observation
@@ -51,7 +58,7 @@ from onceonly.messaging import Delivery
 from onceonly.outbox import Outbox
 from onceonly.outcome import Outcome, new_token, replayed_result, seconds
 from onceonly.tx import Tx
-from onceonly.types import Store
+from onceonly.types import Store, TxHealth
 
 __all__ = ["Inbox", "Tx"]
 
@@ -243,6 +250,7 @@ class Inbox:
             claimed: Record | None = None
             seen: Expect | None = None
             dead: DeadLettered | None = None
+            committing = False  # the handler and the completion succeeded: at COMMIT
             try:
                 with self.store.transaction(connection, lock_wait=self.wait) as session:
                     # atomic mode writes the claim as it would end: see _atomic
@@ -314,6 +322,7 @@ class Inbox:
                             )
                             if done is None:  # cannot happen while we hold the row
                                 raise OnceOnlyError("the claim changed inside its own transaction")
+                        committing = True
                         return Outcome(result, False, key, attempt)
             except HandlerFailed as failed:
                 if failed.transient:
@@ -327,6 +336,17 @@ class Inbox:
                     ) from failed.exc
                 self._record_failure(failed, payload, connection)
                 raise failed.exc from None
+            except StoreError as exc:
+                if not committing or claimed is None or not commit_refused(exc):
+                    raise
+                # The handler's writes failed at COMMIT (a deferred constraint): a failed
+                # attempt like a raise inside it, so a poison message still ends dead.
+                carried = dataclasses.replace(
+                    claimed, checkpoint=intent.checkpoint, payload=intent.payload
+                )
+                refused = HandlerFailed(exc, carried, seen, attempt, TxHealth.OK)
+                self._record_failure(refused, payload, connection)
+                raise
             if dead is not None:
                 raise dead
             # IN_FLIGHT with a committed live lease (a leased-mode claim): wait and retry.

@@ -33,7 +33,13 @@ from onceonly._core.state import (
     complete_write,
     decide,
 )
-from onceonly._inbox_rules import HandlerFailed, check_health, dead_error, is_own_mark
+from onceonly._inbox_rules import (
+    HandlerFailed,
+    check_health,
+    commit_refused,
+    dead_error,
+    is_own_mark,
+)
 from onceonly._sqlalchemy import join_async
 from onceonly.errors import (
     ConfigurationError,
@@ -41,6 +47,7 @@ from onceonly.errors import (
     InFlight,
     OnceOnlyError,
     PayloadMismatch,
+    StoreError,
     StoreUnavailable,
 )
 from onceonly.events import EventHook, Listener, Observation
@@ -50,7 +57,7 @@ from onceonly.messaging import Delivery
 from onceonly.outbox_async import AsyncOutbox
 from onceonly.outcome import Outcome, new_token, replayed_result, seconds
 from onceonly.tx_async import AsyncTx
-from onceonly.types import AsyncStore
+from onceonly.types import AsyncStore, TxHealth
 
 __all__ = ["AsyncInbox", "AsyncTx"]
 
@@ -242,6 +249,7 @@ class AsyncInbox:
             claimed: Record | None = None
             seen: Expect | None = None
             dead: DeadLettered | None = None
+            committing = False  # the handler and the completion succeeded: at COMMIT
             try:
                 async with self.store.transaction(connection, lock_wait=self.wait) as session:
                     # atomic mode writes the claim as it would end: see _atomic
@@ -313,6 +321,7 @@ class AsyncInbox:
                             )
                             if done is None:  # cannot happen while we hold the row
                                 raise OnceOnlyError("the claim changed inside its own transaction")
+                        committing = True
                         return Outcome(result, False, key, attempt)
             except HandlerFailed as failed:
                 if failed.transient:
@@ -326,6 +335,17 @@ class AsyncInbox:
                     ) from failed.exc
                 await self._record_failure(failed, payload, connection)
                 raise failed.exc from None
+            except StoreError as exc:
+                if not committing or claimed is None or not commit_refused(exc):
+                    raise
+                # The handler's writes failed at COMMIT (a deferred constraint): a failed
+                # attempt like a raise inside it, so a poison message still ends dead.
+                carried = dataclasses.replace(
+                    claimed, checkpoint=intent.checkpoint, payload=intent.payload
+                )
+                refused = HandlerFailed(exc, carried, seen, attempt, TxHealth.OK)
+                await self._record_failure(refused, payload, connection)
+                raise
             if dead is not None:
                 raise dead
             # IN_FLIGHT with a committed live lease (a leased-mode claim): wait and retry.
