@@ -398,6 +398,10 @@ class AsyncInbox:
             StoreUnavailable: the store went away (also inside a handler): nothing of the
                 batch committed; redeliver all of it.
             TransactionError: a handler ended the batch's transaction (nothing committed).
+            StoreError: the database refused the batch's ``COMMIT`` (a deferred
+                constraint): nothing committed and nothing counted, as the batch cannot
+                tell whose writes it refused; run its messages one at a time with
+                :meth:`process` to settle that one alone (the broker consumers do).
             ConfigurationError: an item is not a ``BatchItem`` or a 2- or 3-tuple.
 
         .. versionadded:: 0.3
