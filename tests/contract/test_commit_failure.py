@@ -11,6 +11,7 @@ InnoDB has no deferred constraints).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,5 +129,43 @@ async def test_async_a_failure_at_commit_is_counted(
             assert row is not None and row[1] == attempt
         with pytest.raises(onceonly.DeadLettered):
             await inbox.process("k", {"n": 1}, handler)
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+async def test_a_consumer_dead_letters_a_message_refused_at_commit(
+    pg_kind_factory: StoreFactory, deferred: str, batch_size: int
+) -> None:
+    """Through a consumer (in-memory broker, PostgreSQL inbox), alone and in a batch:
+    the message refused at COMMIT ends dead-lettered after max_attempts; the others of
+    its batch commit once."""
+    from onceonly.testing import MemoryBroker, MemoryConsumer
+
+    pg_kind_factory()
+    store = onceonly.open_async_store(PG_URL, table=pg_kind_factory.table, outbox_table=None)
+    broker = MemoryBroker()
+    try:
+        await store.migrate()
+        inbox = onceonly.AsyncInbox(store, consumer="c", max_attempts=2)
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO {deferred}_parent VALUES (1)")
+
+        async def handler(payload: dict[str, int], tx: onceonly.AsyncTx) -> None:
+            await tx.execute(f"INSERT INTO {deferred} VALUES (?, ?)", (payload["n"], payload["p"]))
+
+        for n in range(4):
+            broker.send("q", {"n": n, "p": 42 if n == 2 else 1}, message_id=f"m-{n}")
+        options = {"retry_delay": 0.01, "max_backoff": 0.05, "batch_size": batch_size}
+        async with MemoryConsumer(inbox, handler, broker=broker, queue="q", **options):
+            deadline = asyncio.get_running_loop().time() + 10
+            while not broker.dead_letters.get("q.dead") or broker.depth("q"):
+                assert asyncio.get_running_loop().time() < deadline, "not settled in time"
+                await asyncio.sleep(0.02)
+        [dead] = broker.dead_letters["q.dead"]
+        assert dead.headers["onceonly-message-id"] == "m-2"
+        assert "foreign key" in dead.headers["onceonly-error"]
+        assert _children(deferred) == 3
+        assert _row(pg_kind_factory.table, "m-2")[:2] == ("dead", 2)  # type: ignore[index]
     finally:
         await store.close()
