@@ -21,6 +21,7 @@ SOURCES = [
     "src/onceonly/tx_async.py",
     "src/onceonly/inbox_batch_async.py",
     "src/onceonly/inbox_failures_async.py",
+    "src/onceonly/inbox_leased_async.py",
     "src/onceonly/inbox_async.py",
     "src/onceonly/leased_async.py",
     "src/onceonly/stores/postgres_session_async.py",

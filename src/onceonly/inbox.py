@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: MIT
 # This file was generated from inbox_async.py by tools/unasync.py: do not edit it.
-"""The consumer inbox in atomic mode (docs/spec.md §1).
+"""The consumer inbox (docs/spec.md §1): atomic mode here, leased mode in
+``inbox_leased`` (stores that cannot hold a transaction, such as Redis).
 
-The claim of a key, every write of the handler (through ``tx``) and the mark
+In atomic mode, the claim of a key, every write of the handler (through ``tx``) and the mark
 "completed" commit in one transaction on one connection, so a crash at any instant
 leaves all or nothing. A handler that raises rolls back; its failure is then recorded in
 a transaction of its own. A duplicate that arrives while the first is running blocks on
@@ -54,6 +55,13 @@ from onceonly.errors import (
 from onceonly.events import EventHook, Listener, Observation
 from onceonly.inbox_batch import BatchItem, process_batch
 from onceonly.inbox_failures import precount, record_failure, uncount
+from onceonly.inbox_leased import (
+    DEFAULT_LEASE,
+    LEASED,
+    leased_runner,
+    mode_of,
+    process_leased,
+)
 from onceonly.messaging import Delivery
 from onceonly.outbox import Outbox
 from onceonly.outcome import Outcome, new_token, replayed_result, seconds
@@ -71,15 +79,24 @@ _RESTAMP_FRACTION = 0.001
 
 
 class Inbox:
-    """Process each message once: claim, handler writes and completion in one transaction.
+    """Process each message once: claim, handler writes and completion in one transaction
+    (atomic mode), or under a renewed, fenced lease (leased mode, spec §1.4a).
 
     Args:
-        store: a store whose ``atomic`` is true (SQLite, PostgreSQL, memory).
+        store: any store. One whose ``atomic`` is true (SQLite, PostgreSQL, MySQL,
+            memory) runs in atomic mode, the others (Redis) in leased mode, where the
+            handler's ``tx`` has no transaction (``tx.execute``, ``tx.connection`` and
+            ``tx.publish`` raise :class:`~onceonly.ConfigurationError`).
         consumer: the scope of the keys; one inbox per consumer.
         ttl: how long a completed key is remembered (``None``: for ever).
         max_attempts: failed runs after which the key is ``dead``.
         wait: how long a duplicate waits for a concurrent first delivery.
-        stale_after: the lease of a claim (a safety net in atomic mode).
+        stale_after: the lease of a claim in atomic mode (a safety net).
+        lease: leased mode: the claim's lease, renewed every ``lease / 3`` while the
+            handler runs (default 30 s). Refused in atomic mode.
+        mode: ``"atomic"``, ``"leased"``, or ``None`` (default): atomic where the
+            store can hold a transaction, else leased. ``"leased"`` on a SQL store is
+            for handlers whose effects are outside the database.
         cache_errors: exception classes that complete the key; duplicates re-raise them.
         fingerprint: a callable giving the payload's identity (default: canonical JSON).
         fields: only these top-level payload fields are fingerprinted.
@@ -91,12 +108,15 @@ class Inbox:
         precount_attempts: count each attempt in a write of its own before the handler
             runs (one extra round trip for a new key, two for a retry), so a message that
             kills the worker still reaches ``max_attempts`` and ends ``dead``. Broker
-            consumers count such crashes with the broker's delivery count instead.
+            consumers count such crashes with the broker's delivery count instead; leased
+            mode counts them when the lapsed claim is retaken (ignored there).
         listeners: callables handed an :class:`~onceonly.events.Event` per delivery
             (metrics, tracing); their errors are logged, never raised.
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2 ``listeners``.
+    .. versionchanged:: 0.4 leased mode on stores without transactions; ``lease``,
+        ``mode`` and the :attr:`mode` attribute.
     """
 
     def __init__(
@@ -117,18 +137,24 @@ class Inbox:
         outbox: Outbox | None = None,
         precount_attempts: bool = False,
         listeners: Iterable[Listener] = (),
+        lease: dt.timedelta | float | None = None,
+        mode: str | None = None,
     ) -> None:
-        if not getattr(store, "atomic", False):
-            raise ConfigurationError(
-                f"{type(store).__name__} cannot hold a transaction; use idempotent() (leased mode)"
-            )
+        #: ``"atomic"`` or ``"leased"`` (spec §1.1, §1.4a).
+        self.mode = mode_of(store, mode)
+        leased = self.mode == LEASED
+        if not leased and lease is not None:
+            raise ConfigurationError("lease= is for leased mode; atomic mode has stale_after=")
+        if leased and outbox is not None:
+            raise ConfigurationError("outbox= needs atomic mode (a transaction to write in)")
         if max_attempts < 1:
             raise ConfigurationError("max_attempts must be at least 1")
         self.store = store
         self.consumer = validate_key(consumer, what="consumer")
         self.ttl: float | None = None if ttl is None else seconds(ttl, what="ttl")
         self.wait = seconds(wait, what="wait", allow_inf=True)
-        self.policy = Policy(seconds(stale_after, what="stale_after"), max_attempts)
+        held = (lease if lease is not None else DEFAULT_LEASE) if leased else stale_after
+        self.policy = Policy(seconds(held, what="lease" if leased else "stale_after"), max_attempts)
         self.cache_errors = tuple(cache_errors)
         self._fingerprint = fingerprint
         self._fields = tuple(fields) if fields is not None else None
@@ -136,10 +162,15 @@ class Inbox:
         self.max_result_bytes = max_result_bytes
         self.result_type = result_type
         self.precount_attempts = precount_attempts
-        if outbox is None and getattr(store, "dialect", None) in ("sqlite", "postgresql", "mysql"):
+        if (
+            outbox is None
+            and not leased
+            and getattr(store, "dialect", None) in ("sqlite", "postgresql", "mysql")
+        ):
             outbox = Outbox(store)
         self.outbox = outbox
         self.events = EventHook(listeners)
+        self._leased = leased_runner(self) if leased else None
 
     def _atomic(self, write: Write) -> Write:
         """The claim as atomic mode writes it: already ``completed`` (result null).
@@ -180,7 +211,7 @@ class Inbox:
                 joins it (in a savepoint) and it is never committed here. A SQLAlchemy
                 ``Session``/``Connection`` (``Session``/``Connection`` here)
                 is joined on its own connection, its lazily begun transaction counting
-                as begun; the handler gets it back as ``tx.session``.
+                as begun; the handler gets it back as ``tx.session``. Atomic mode only.
             delivery: broker metadata handed to the handler as ``tx.delivery``.
 
         Returns:
@@ -194,9 +225,14 @@ class Inbox:
             StoreUnavailable: the store went away (also inside the handler); the attempt
                 is not counted, retry the delivery.
             TransactionError: the handler ended or broke the transaction (counted).
+            LeaseLost: leased mode: the lease lapsed and another worker took the key
+                over; this run's result was discarded (do not acknowledge the message).
+            ConfigurationError: ``connection=`` in leased mode.
             Exception: whatever the handler raised (after recording the failure).
         """
         joined = None
+        if connection is not None and self._leased is not None:
+            raise ConfigurationError("connection= needs atomic mode; this inbox is leased")
         if connection is not None:  # a SQLAlchemy session or connection: its driver's
             connection, joined = join(connection)
         if self.events:
@@ -240,6 +276,8 @@ class Inbox:
         delivery: Delivery | None,
         joined: Any = None,
     ) -> Outcome[T]:
+        if self._leased is not None:
+            return process_leased(self, self._leased, key, payload, handler, delivery)
         key = validate_key(key)
         fp = fingerprint(payload, custom=self._fingerprint, fields=self._fields)
         scope = self.consumer
@@ -403,10 +441,13 @@ class Inbox:
                 constraint): nothing committed and nothing counted, as the batch cannot
                 tell whose writes it refused; run its messages one at a time with
                 :meth:`process` to settle that one alone (the broker consumers do).
-            ConfigurationError: an item is not a ``BatchItem`` or a 2- or 3-tuple.
+            ConfigurationError: an item is not a ``BatchItem`` or a 2- or 3-tuple, or this
+                inbox is leased (a batch is one transaction: call :meth:`process` for each).
 
         .. versionadded:: 0.3
         """
+        if self._leased is not None:
+            raise ConfigurationError("process_batch needs atomic mode; call process() for each")
         return process_batch(self, items, handler, connection=connection)
 
     def handler(

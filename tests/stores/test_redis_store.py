@@ -128,21 +128,23 @@ def test_round_trips_new_key_and_replay(store: Any) -> None:
     assert (new, sent) == (["EVALSHA", "EVALSHA"], ["EVALSHA"])
 
 
-def test_inbox_refuses_a_redis_store(store: Any) -> None:
-    """Atomic mode is impossible on Redis: Inbox says to use leased mode."""
-    with pytest.raises(onceonly.ConfigurationError, match="leased mode"):
-        onceonly.Inbox(store, consumer="billing")
+def test_inbox_on_redis_is_leased(store: Any) -> None:
+    """Atomic mode is impossible on Redis: Inbox runs leased, and refuses mode='atomic'."""
+    assert onceonly.Inbox(store, consumer="billing").mode == "leased"
+    with pytest.raises(onceonly.ConfigurationError, match="mode='leased'"):
+        onceonly.Inbox(store, consumer="billing", mode="atomic")
     with pytest.raises(onceonly.ConfigurationError, match="leased mode"), store.transaction():
         pass
 
 
-async def test_async_inbox_refuses_a_redis_store(factory: StoreFactory) -> None:
-    """The async store is refused by AsyncInbox the same way."""
+async def test_async_inbox_on_redis_is_leased(factory: StoreFactory) -> None:
+    """The async store gets a leased AsyncInbox the same way."""
     require_redis()
     astore = onceonly.open_async_store(REDIS_URL, prefix=factory.table)
     try:
-        with pytest.raises(onceonly.ConfigurationError, match="leased mode"):
-            onceonly.AsyncInbox(astore, consumer="billing")
+        assert onceonly.AsyncInbox(astore, consumer="billing").mode == "leased"
+        with pytest.raises(onceonly.ConfigurationError, match="mode='leased'"):
+            onceonly.AsyncInbox(astore, consumer="billing", mode="atomic")
     finally:
         await astore.close()
 

@@ -30,6 +30,8 @@ stage      exception                                   verdict
 any        ``None``                                    ACK
 DECODE     any                                         DEAD_LETTER ``undecodable``
 KEY        any                                         DEAD_LETTER ``invalid-id``
+any        ``LeaseLost`` (leased mode: taken over)     RETRY counted (``lease-lost``),
+                                                       never a dead letter
 HANDLER    one of ``cache_errors``                     ACK ``cached-error``
 HANDLER    any other                                   RETRY counted (``handler-error``)
 INBOX      ``ReplayedError``, one of ``cache_errors``  ACK ``cached-error``
@@ -51,7 +53,9 @@ INBOX      anything else                               RETRY counted (``error``)
 ``HANDLER`` means the handler itself raised the exception; ``INBOX`` is everything
 ``Inbox.process`` raised otherwise (its claim, fingerprint, result encoding, replay).
 A counted RETRY on the ``max_deliveries``-th delivery becomes DEAD_LETTER
-``max-deliveries`` at once: the next delivery would be dead-lettered unrun anyway.
+``max-deliveries`` at once: the next delivery would be dead-lettered unrun anyway. Not
+``lease-lost``: another worker holds the key and settles it, so this delivery is handed
+back, never acked (a dead letter is acked).
 
 Delays come from :func:`~onceonly._core.backoff.backoff_delay` with the caller's jitter:
 a counted retry backs off on the broker's delivery count, an uncounted one on how many
@@ -71,6 +75,7 @@ from onceonly.errors import (
     InFlight,
     InvalidKey,
     InvalidPayload,
+    LeaseLost,
     NotMigrated,
     PayloadMismatch,
     ReplayedError,
@@ -104,6 +109,8 @@ DEAD_LETTERED = "dead-lettered"
 PAYLOAD_MISMATCH = "payload-mismatch"
 TOO_LARGE = "too-large"
 UNENCODABLE = "unencodable"
+#: A counted retry that is never a dead letter: leased mode, another worker took over.
+LEASE_LOST = "lease-lost"
 
 
 class Action(str, enum.Enum):
@@ -247,6 +254,9 @@ def verdict(
         return _dead(UNDECODABLE, exc)
     if stage is Stage.KEY:
         return _dead(INVALID_ID, exc)
+    if isinstance(exc, LeaseLost):
+        delay = backoff.delay(delivery_count or 1, jitter)
+        return Verdict(Action.RETRY, LEASE_LOST, describe(exc), delay=delay, counted=True)
     if stage is Stage.HANDLER:
         if cache_errors and isinstance(exc, cache_errors):
             return Verdict(Action.ACK, "cached-error", describe(exc))

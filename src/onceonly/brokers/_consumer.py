@@ -52,6 +52,8 @@ from onceonly._core.settle import (
 from onceonly.brokers._ids import MessageIds, decode_body, valid_id
 from onceonly.errors import ConfigurationError, InvalidKey, StoreUnavailable
 from onceonly.inbox_async import AsyncInbox, AsyncTx
+from onceonly.inbox_leased_async import AsyncLeasedTx
+from onceonly.leased_async import AsyncClaim
 from onceonly.messaging import Delivery
 from onceonly.outcome import Outcome
 
@@ -293,10 +295,17 @@ class Deliveries:
             )
         return decided
 
-    def recording(self, raised: dict[str, BaseException]) -> Handler:
-        """The handler, noting in ``raised`` (by key) what it raised itself."""
+    def recording(
+        self,
+        raised: dict[str, BaseException],
+        held: Callable[[AsyncClaim], None] | None = None,
+    ) -> Handler:
+        """The handler, noting in ``raised`` (by key) what it raised itself, and handing
+        ``held`` the claim of a leased-mode run before it starts."""
 
         async def run(body: Any, tx: AsyncTx) -> Any:
+            if held is not None and isinstance(tx, AsyncLeasedTx):
+                held(tx.claim)
             try:
                 return await self.handler(body, tx)
             except BaseException as exc:
@@ -305,12 +314,18 @@ class Deliveries:
 
         return run
 
-    async def run(self, p: Prepared, stop: asyncio.Event | None) -> Settlement:
+    async def run(
+        self,
+        p: Prepared,
+        stop: asyncio.Event | None,
+        held: Callable[[AsyncClaim], None] | None = None,
+    ) -> Settlement:
         """Run a prepared delivery through the inbox; transient failures (the store is
-        unavailable, a duplicate in flight) are retried here, uncounted, until ``stop``."""
+        unavailable, a duplicate in flight) are retried here, uncounted, until ``stop``.
+        ``held`` gets the claim of each leased-mode run (the loop renews its lease)."""
         uncounted = 0
         raised: dict[str, BaseException] = {}
-        run = self.recording(raised)
+        run = self.recording(raised, held)
         while True:
             raised.clear()
             try:
