@@ -73,7 +73,7 @@ INBOX: dict[str, tuple[Action, str | None, bool]] = {
     "recursion": (D, "undecodable", COUNTED),
     "store-error": (R, "store-error", COUNTED),
     "corrupt": (R, "store-error", COUNTED),
-    "lease-lost": (R, "error", COUNTED),
+    "lease-lost": (R, "lease-lost", COUNTED),
     "publish": (R, "error", COUNTED),
     "config": (R, "error", COUNTED),
     "runtime": (R, "error", COUNTED),
@@ -88,6 +88,8 @@ def expected(stage: Stage, kind: str) -> tuple[Action, str | None, bool]:
         return (D, "undecodable", COUNTED)
     if stage is Stage.KEY:
         return (D, "invalid-id", COUNTED)
+    if kind == "lease-lost":  # the handler's checkpoint, or the fenced completion
+        return (R, "lease-lost", COUNTED)
     if stage is Stage.HANDLER:
         return (A, "cached-error", COUNTED) if kind == "cached" else (R, "handler-error", COUNTED)
     return INBOX[kind]
@@ -128,6 +130,15 @@ def test_success_is_ack(stage: Stage) -> None:
     """No exception: ACK, whatever the stage and the count."""
     for count in (None, 1, 10, 11, 1000):
         assert judge(None, stage, delivery_count=count) == Verdict(Action.ACK)
+
+
+@pytest.mark.parametrize("stage", [Stage.HANDLER, Stage.INBOX])
+def test_lease_lost_is_handed_back_even_on_the_last_delivery(stage: Stage) -> None:
+    """LeaseLost is never a dead letter (which is acked): another worker holds the key."""
+    for count in (None, 1, 10, 50):
+        v = judge(onceonly.LeaseLost("taken over"), stage, delivery_count=count)
+        assert (v.action, v.reason, v.counted) == (Action.RETRY, "lease-lost", True)
+        assert 0 < v.delay <= BACKOFF.cap
 
 
 @pytest.mark.parametrize("stage", [Stage.HANDLER, Stage.INBOX])
