@@ -73,6 +73,8 @@ log = logging.getLogger("onceonly.inbox")
 
 T = TypeVar("T")
 
+_SQL = ("sqlite", "postgresql", "mysql")  # stores with an outbox table
+
 # Handlers shorter than this fraction of the ttl keep the claim's expires_at (spec §1.1).
 _RESTAMP_FRACTION = 0.001
 
@@ -140,20 +142,16 @@ class AsyncInbox:
         mode: str | None = None,
     ) -> None:
         #: ``"atomic"`` or ``"leased"`` (spec §1.1, §1.4a).
-        self.mode = mode_of(store, mode)
+        self.mode = mode_of(store, mode, lease=lease, outbox=outbox)
         leased = self.mode == LEASED
-        if not leased and lease is not None:
-            raise ConfigurationError("lease= is for leased mode; atomic mode has stale_after=")
-        if leased and outbox is not None:
-            raise ConfigurationError("outbox= needs atomic mode (a transaction to write in)")
         if max_attempts < 1:
             raise ConfigurationError("max_attempts must be at least 1")
         self.store = store
         self.consumer = validate_key(consumer, what="consumer")
         self.ttl: float | None = None if ttl is None else seconds(ttl, what="ttl")
         self.wait = seconds(wait, what="wait", allow_inf=True)
-        held = (lease if lease is not None else DEFAULT_LEASE) if leased else stale_after
-        self.policy = Policy(seconds(held, what="lease" if leased else "stale_after"), max_attempts)
+        held = seconds(DEFAULT_LEASE if lease is None else lease, what="lease") if leased else None
+        self.policy = Policy(held or seconds(stale_after, what="stale_after"), max_attempts)
         self.cache_errors = tuple(cache_errors)
         self._fingerprint = fingerprint
         self._fields = tuple(fields) if fields is not None else None
@@ -161,11 +159,7 @@ class AsyncInbox:
         self.max_result_bytes = max_result_bytes
         self.result_type = result_type
         self.precount_attempts = precount_attempts
-        if (
-            outbox is None
-            and not leased
-            and getattr(store, "dialect", None) in ("sqlite", "postgresql", "mysql")
-        ):
+        if outbox is None and getattr(store, "dialect", None) in _SQL and not leased:
             outbox = AsyncOutbox(store)
         self.outbox = outbox
         self.events = EventHook(listeners)

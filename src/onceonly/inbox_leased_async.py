@@ -42,13 +42,22 @@ LEASED = "leased"
 DEFAULT_LEASE = 30.0
 
 
-def mode_of(store: Any, mode: str | None) -> str:
+def mode_of(store: Any, mode: str | None, *, lease: Any = None, outbox: Any = None) -> str:
     """The mode an inbox on ``store`` runs in: ``mode`` if given, else the store's.
 
     Raises:
-        ConfigurationError: an unknown mode, or ``"atomic"`` on a store that cannot hold
-            a transaction.
+        ConfigurationError: an unknown mode, ``"atomic"`` on a store that cannot hold a
+            transaction, ``lease=`` in atomic mode or ``outbox=`` in leased mode.
     """
+    mode = _mode(store, mode)
+    if mode == ATOMIC and lease is not None:
+        raise ConfigurationError("lease= is for leased mode; atomic mode has stale_after=")
+    if mode == LEASED and outbox is not None:
+        raise ConfigurationError("outbox= needs atomic mode (a transaction to write in)")
+    return mode
+
+
+def _mode(store: Any, mode: str | None) -> str:
     atomic = bool(getattr(store, "atomic", False))
     if mode is None:
         return ATOMIC if atomic else LEASED

@@ -19,11 +19,8 @@ flight). :class:`ConsumerLoop` owns everything else, the same for every broker:
   ``batch_wait`` after the first) into one ``inbox.process_batch`` transaction, then
   each is settled by its own outcome by the same rules (:mod:`._consumer_batch`);
 * lease extension: every ``transport.extend_every`` seconds, the deliveries in flight
-  are extended in one call. With a leased inbox (spec §1.4a; Redis), each delivery's
-  lease is renewed first, in the same step, and only those whose lease is still held
-  are extended: a delivery whose claim another worker took over (fenced) is no longer
-  kept from the broker, and is never acked (``LeaseLost`` hands it back). A leased inbox
-  runs each delivery alone (no batches);
+  are extended in one call; with a leased inbox (one delivery at a time, no batches),
+  only those whose lease, renewed in the same step, is still held (:mod:`._leases`);
 * the lifecycle: ``run()`` (one at a time; a stopped consumer may run again;
   ``stop()`` before the first run started makes that run return at once),
   ``stop()`` (stop receiving, let running handlers finish and settle up to
@@ -57,11 +54,11 @@ from onceonly.brokers._consumer import (
     unexpected,
 )
 from onceonly.brokers._consumer_batch import run_batch
+from onceonly.brokers._leases import Leases
 from onceonly.brokers._transport import Incoming, Transport
 from onceonly.errors import BrokerUnavailable, ConfigurationError
 from onceonly.inbox_async import AsyncInbox
-from onceonly.inbox_leased_async import LEASED, renew_lease
-from onceonly.leased_async import AsyncClaim
+from onceonly.inbox_leased_async import LEASED
 from onceonly.messaging import Delivery
 
 __all__ = ["RECONNECT", "ConsumerLoop", "Incoming", "Transport"]  # re-exported
@@ -127,7 +124,7 @@ class ConsumerLoop:
         self._free = concurrency
         self._slots = asyncio.Condition()
         self._in_flight: dict[int, Incoming] = {}
-        self._leases: dict[int, AsyncClaim] = {}  # leased mode: the claim of each delivery
+        self._leases = Leases(inbox, logger)  # leased mode: the claim of each delivery
         self._stop: asyncio.Event | None = None
         self._done: asyncio.Event | None = None
         self._started = asyncio.Event()
@@ -298,26 +295,10 @@ class ConsumerLoop:
         while True:
             await asyncio.sleep(every)
             try:
-                await self.transport.extend(await self._still_held())
+                ds = list(self._in_flight.values())
+                await self.transport.extend(await self._leases.still_held(ds))
             except Exception as exc:
                 self._loop_log.warning("%s: lease extension failed: %r", self.transport.where, exc)
-
-    async def _still_held(self) -> list[Incoming]:
-        """The deliveries in flight, less those whose leased claim was taken over (each
-        held lease is renewed here, so the broker's deadline and the lease move together)."""
-        ds = list(self._in_flight.values())
-        leased = [(d, c) for d in ds if (c := self._leases.get(id(d))) is not None]
-        held = await asyncio.gather(
-            *(renew_lease(self.inbox, c) for _, c in leased), return_exceptions=True
-        )
-        lost: set[int] = set()
-        for (d, _), ok in zip(leased, held, strict=True):
-            if ok is False:
-                lost.add(id(d))
-                self._loop_log.warning("%s: lease lost to another worker; not extended", d.label)
-            elif isinstance(ok, BaseException):  # the store blipped: not known lost
-                self._loop_log.warning("%s: lease renewal failed: %r", d.label, ok)
-        return [d for d in ds if id(d) not in lost]
 
     # -- one delivery ---------------------------------------------------------------
 
@@ -343,7 +324,7 @@ class ConsumerLoop:
         finally:
             for d in ds:
                 self._in_flight.pop(id(d), None)
-                self._leases.pop(id(d), None)
+                self._leases.drop(d)
             async with self._slots:
                 self._free += len(ds)
                 self._slots.notify_all()
@@ -362,9 +343,8 @@ class ConsumerLoop:
         either way the same verdicts, and the poison rule before anything runs."""
         ready = [self._prepare(d) for d in ds]
         runnable = [p for p in ready if isinstance(p, Prepared)]
-        if len(ds) == 1:  # alone (always in leased mode): note its claim for _still_held
-            d = ds[0]
-            held = lambda claim: self._leases.__setitem__(id(d), claim)  # noqa: E731
+        if len(ds) == 1:  # alone (always in leased mode): its claim's lease is renewed
+            held = self._leases.holder(ds[0])
             ran = iter([await self.deliveries.run(p, stop, held) for p in runnable])
         else:
             ran = iter(await run_batch(self.deliveries, runnable, stop) if runnable else ())
