@@ -8,7 +8,7 @@ server's clock (``TIME``) and do the compare-and-set; the state machine stays in
 ``onceonly._core.state``.
 
 Redis cannot join the caller's database transaction, so ``atomic`` is false:
-``Inbox``/``AsyncInbox`` refuse this store (use ``@idempotent``, leased mode), and
+``Inbox``/``AsyncInbox`` run on it in leased mode (as ``@idempotent`` does), and
 ``transaction()`` raises :class:`~onceonly.ConfigurationError`.
 
 Durability is Redis's: without AOF a restart forgets completed keys (their duplicates
@@ -221,7 +221,8 @@ class AsyncRedisStore:
         """
         raise ConfigurationError(
             "the Redis store cannot hold a transaction (atomic mode): use leased mode "
-            "(@onceonly.idempotent), or keep the inbox on a SQL store"
+            "(@onceonly.idempotent, or an Inbox, leased on this store), or keep the inbox "
+            "on a SQL store for atomic mode"
         )
         yield AsyncRedisSession(self)  # pragma: no cover - unreachable
 
