@@ -41,7 +41,7 @@ async def redis_store() -> AsyncIterator[Any]:
 
 async def test_leased_inbox_runs_once_retries_and_settles(kit: Kit, redis_store: Any) -> None:
     """Duplicates run once; a failing run is redelivered as attempt 2; all are acked."""
-    inbox = onceonly.AsyncInbox(redis_store, consumer="contract", lease=5)
+    inbox = onceonly.AsyncInbox(redis_store, consumer="contract")  # a 30 s lease
     assert inbox.mode == "leased"
     runs: list[tuple[str, int]] = []
 
