@@ -117,7 +117,7 @@ class Inbox:
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2 ``listeners``.
-    .. versionchanged:: 0.4 leased mode on stores without transactions; ``lease``,
+    .. versionchanged:: 0.3 leased mode on stores without transactions; ``lease``,
         ``mode`` and the :attr:`mode` attribute.
     """
 

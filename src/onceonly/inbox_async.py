@@ -116,7 +116,7 @@ class AsyncInbox:
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2 ``listeners``.
-    .. versionchanged:: 0.4 leased mode on stores without transactions; ``lease``,
+    .. versionchanged:: 0.3 leased mode on stores without transactions; ``lease``,
         ``mode`` and the :attr:`mode` attribute.
     """
 
