@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [
     "src/onceonly/tx_async.py",
     "src/onceonly/inbox_batch_async.py",
+    "src/onceonly/inbox_events_async.py",
     "src/onceonly/inbox_failures_async.py",
     "src/onceonly/inbox_leased_async.py",
     "src/onceonly/inbox_async.py",

@@ -52,8 +52,9 @@ from onceonly.errors import (
     StoreError,
     StoreUnavailable,
 )
-from onceonly.events import EventHook, Listener, Observation
+from onceonly.events import EventHook, Listener
 from onceonly.inbox_batch import BatchItem, process_batch
+from onceonly.inbox_events import observed
 from onceonly.inbox_failures import precount, record_failure, uncount
 from onceonly.inbox_leased import (
     DEFAULT_LEASE,
@@ -230,36 +231,8 @@ class Inbox:
         if connection is not None:  # a SQLAlchemy session or connection: its driver's
             connection, joined = join(connection)
         if self.events:
-            return self._observed(key, payload, handler, connection, delivery, joined)
+            return observed(self, key, payload, handler, connection, delivery, joined)
         return self._process(key, payload, handler, connection, delivery, joined)
-
-    def _observed(
-        self,
-        key: str,
-        payload: Any,
-        handler: Callable[[Any, Tx], T],
-        connection: Any,
-        delivery: Delivery | None,
-        joined: Any = None,
-    ) -> Outcome[T]:
-        """:meth:`process` with its events emitted (see ``onceonly.events``)."""
-        headers = delivery.headers if delivery is not None else None
-        seen = Observation(self.events, self.consumer, key, headers)
-
-        def timed(body: Any, tx: Tx) -> T:
-            seen.handler_started(tx.attempt)
-            try:
-                return handler(body, tx)
-            finally:
-                seen.handler_ended()
-
-        try:
-            outcome = self._process(key, payload, timed, connection, delivery, joined)
-        except BaseException as exc:
-            seen.raised(exc)
-            raise
-        seen.returned(outcome.replayed, outcome.attempt)
-        return outcome
 
     def _process(
         self,

@@ -51,8 +51,9 @@ from onceonly.errors import (
     StoreError,
     StoreUnavailable,
 )
-from onceonly.events import EventHook, Listener, Observation
+from onceonly.events import EventHook, Listener
 from onceonly.inbox_batch_async import BatchItem, process_batch
+from onceonly.inbox_events_async import observed
 from onceonly.inbox_failures_async import precount, record_failure, uncount
 from onceonly.inbox_leased_async import (
     DEFAULT_LEASE,
@@ -229,36 +230,8 @@ class AsyncInbox:
         if connection is not None:  # a SQLAlchemy session or connection: its driver's
             connection, joined = await join_async(connection)
         if self.events:
-            return await self._observed(key, payload, handler, connection, delivery, joined)
+            return await observed(self, key, payload, handler, connection, delivery, joined)
         return await self._process(key, payload, handler, connection, delivery, joined)
-
-    async def _observed(
-        self,
-        key: str,
-        payload: Any,
-        handler: Callable[[Any, AsyncTx], Awaitable[T]],
-        connection: Any,
-        delivery: Delivery | None,
-        joined: Any = None,
-    ) -> Outcome[T]:
-        """:meth:`process` with its events emitted (see ``onceonly.events``)."""
-        headers = delivery.headers if delivery is not None else None
-        seen = Observation(self.events, self.consumer, key, headers)
-
-        async def timed(body: Any, tx: AsyncTx) -> T:
-            seen.handler_started(tx.attempt)
-            try:
-                return await handler(body, tx)
-            finally:
-                seen.handler_ended()
-
-        try:
-            outcome = await self._process(key, payload, timed, connection, delivery, joined)
-        except BaseException as exc:
-            seen.raised(exc)
-            raise
-        seen.returned(outcome.replayed, outcome.attempt)
-        return outcome
 
     async def _process(
         self,
