@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceonly import _acompat
-from onceonly._core import codec
+from onceonly._core import codec, error_text
 from onceonly._core.backoff import backoff_delay
 from onceonly._core.keys import validate_key
 from onceonly._core.state import (
@@ -294,11 +294,11 @@ class AsyncLeasedRunner:
         except (EncodingError, TooLarge) as exc:
             # The effect has happened: a failed record would run it again on every retry.
             # Complete the key with the error instead; duplicates get ReplayedError.
-            summary = codec.error_summary(exc)
+            summary = error_text.error_summary(exc)
             unstorable = cached_error_write(
                 claim.record,
                 f"the result could not be stored: {summary}",
-                codec.encode_error(exc),
+                error_text.encode_error(exc),
                 self.ttl,
             )
             await self._final_write(claim, unstorable)

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from onceonly._core import codec
+from onceonly._core import codec, error_text
 from onceonly._core.state import Record, Write, cached_error_write, fail_write, one_step_init
 from onceonly.errors import (
     ConfigurationError,
@@ -152,7 +152,7 @@ def replayed_result(
             ``result_type`` (the record is left as it is).
     """
     if record.error is not None and record.result is not None:
-        exc = codec.decode_error(record.result, cache_errors)
+        exc = error_text.decode_error(record.result, cache_errors)
         if exc is None:
             raise ReplayedError(
                 f"cached error replayed: {record.error}", key=record.key, scope=record.scope
@@ -189,9 +189,9 @@ def failure_write(
     the claim's checkpoint and, with ``keep_payload``, a JSON snapshot of the payload
     for redrive (none when the payload is not JSON or is too large).
     """
-    summary = codec.error_summary(exc)
+    summary = error_text.error_summary(exc)
     if isinstance(exc, cache_errors):
-        return cached_error_write(claimed, summary, codec.encode_error(exc), ttl)
+        return cached_error_write(claimed, summary, error_text.encode_error(exc), ttl)
     snapshot = None
     if keep_payload and payload is not None:
         try:

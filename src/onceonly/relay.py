@@ -43,7 +43,7 @@ from typing import Any
 
 from onceonly import _acompat
 from onceonly._core.backoff import backoff_delay
-from onceonly._core.codec import error_summary
+from onceonly._core.error_text import error_summary
 from onceonly._core.publishing import is_transient
 from onceonly._outbox_errors import store_errors as _store_errors
 from onceonly.errors import StoreUnavailable

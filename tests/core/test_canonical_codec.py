@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import onceonly
-from onceonly._core import codec
+from onceonly._core import codec, error_text
 from onceonly._core.canonical import canonical_json
 from onceonly._core.fingerprint import fingerprint
 
@@ -307,38 +307,38 @@ def test_default_limit_is_one_mebibyte() -> None:
 
 def test_encode_error_round_trip() -> None:
     """A cached error is rebuilt as its class with its arguments."""
-    text = codec.encode_error(Boom("card declined", 402))
+    text = error_text.encode_error(Boom("card declined", 402))
     assert json.loads(text) == {"type": f"{__name__}.Boom", "args": ["card declined", 402]}
-    back = codec.decode_error(text, (KeyError, Boom))
+    back = error_text.decode_error(text, (KeyError, Boom))
     assert isinstance(back, Boom)
     assert back.args == ("card declined", 402)
 
 
 def test_encode_error_stringifies_non_json_args() -> None:
     """Arguments JSON cannot hold are stored as their repr() (here the same as str())."""
-    text = codec.encode_error(ValueError(object, {1, 2}))
+    text = error_text.encode_error(ValueError(object, {1, 2}))
     assert json.loads(text)["args"] == [str(object), str({1, 2})]
 
 
 def test_decode_error_unknown_class() -> None:
     """A class outside the candidates is not rebuilt (no arbitrary imports)."""
-    text = codec.encode_error(Boom("x"))
-    assert codec.decode_error(text, (KeyError, ValueError)) is None
-    assert codec.decode_error(text, ()) is None
+    text = error_text.encode_error(Boom("x"))
+    assert error_text.decode_error(text, (KeyError, ValueError)) is None
+    assert error_text.decode_error(text, ()) is None
 
 
 def test_decode_error_that_cannot_be_rebuilt() -> None:
     """A candidate whose constructor rejects the stored arguments gives None."""
     text = json.dumps({"type": f"{__name__}.NeedsTwo", "args": ["only-one"]})
-    assert codec.decode_error(text, (NeedsTwo,)) is None
+    assert error_text.decode_error(text, (NeedsTwo,)) is None
 
 
 def test_error_summary() -> None:
     """The summary is 'Class: message', cut to the limit with an ellipsis."""
-    assert codec.error_summary(Boom("card declined")) == "Boom: card declined"
-    long = codec.error_summary(ValueError("x" * 5000))
+    assert error_text.error_summary(Boom("card declined")) == "Boom: card declined"
+    long = error_text.error_summary(ValueError("x" * 5000))
     assert len(long) == 2000
     assert long.startswith("ValueError: xxx")
     assert long.endswith("…")
-    assert codec.error_summary(ValueError("y" * 10), limit=14) == "ValueError: y…"
-    assert codec.error_summary(ValueError("y"), limit=13) == "ValueError: y"
+    assert error_text.error_summary(ValueError("y" * 10), limit=14) == "ValueError: y…"
+    assert error_text.error_summary(ValueError("y"), limit=13) == "ValueError: y"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from onceonly._core import codec
+from onceonly._core import error_text
 
 
 class BrokenStr(Exception):
@@ -62,7 +62,7 @@ def storable(text: str) -> None:
 )
 def test_error_summary_is_always_storable(exc: BaseException) -> None:
     """No NUL, no lone surrogate, at most ``limit`` characters, and never an exception."""
-    summary = codec.error_summary(exc)
+    summary = error_text.error_summary(exc)
     storable(summary)
     assert 0 < len(summary) <= 2000
     assert summary.startswith(type(exc).__qualname__ + ": ")
@@ -70,12 +70,12 @@ def test_error_summary_is_always_storable(exc: BaseException) -> None:
 
 def test_error_summary_escapes_visibly() -> None:
     """Replaced characters stay visible to an operator as escapes."""
-    assert codec.error_summary(ValueError("a\x00b\ud800c")) == "ValueError: a\\x00b\\ud800c"
+    assert error_text.error_summary(ValueError("a\x00b\ud800c")) == "ValueError: a\\x00b\\ud800c"
 
 
 def test_error_summary_of_a_broken_str_names_the_class() -> None:
     """An exception whose __str__ raises is still summarised by its class."""
-    assert codec.error_summary(BrokenStr("x")).startswith("BrokenStr: <")
+    assert error_text.error_summary(BrokenStr("x")).startswith("BrokenStr: <")
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_error_summary_of_a_broken_str_names_the_class() -> None:
 )
 def test_encode_error_never_raises_and_is_storable(exc: BaseException) -> None:
     """The cached error is JSON any store can hold; odd arguments become their repr."""
-    text = codec.encode_error(exc)
+    text = error_text.encode_error(exc)
     storable(text)
     data = json.loads(text)
     assert data["type"].endswith(type(exc).__qualname__)
@@ -103,7 +103,7 @@ def test_encode_error_never_raises_and_is_storable(exc: BaseException) -> None:
 
 def test_encode_error_uses_repr_for_non_json_args() -> None:
     """Arguments JSON cannot hold are stored as their repr, sanitised."""
-    data = json.loads(codec.encode_error(ValueError(b"\x00", math.nan, BrokenRepr())))
+    data = json.loads(error_text.encode_error(ValueError(b"\x00", math.nan, BrokenRepr())))
     assert data["args"][0] == "b'\\x00'"
     assert data["args"][1] == "nan"
     assert data["args"][2].startswith("<unrepresentable")
@@ -112,4 +112,4 @@ def test_encode_error_uses_repr_for_non_json_args() -> None:
 @pytest.mark.parametrize("text", ["", "{", "[]", '{"type": 1}', '{"type": "x", "args": 3}'])
 def test_decode_error_of_damaged_text_gives_none(text: str) -> None:
     """A damaged cached error is not rebuilt (the caller raises ReplayedError)."""
-    assert codec.decode_error(text, (ValueError,)) is None
+    assert error_text.decode_error(text, (ValueError,)) is None

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from onceonly import OnceOnlyError
-from onceonly._core import codec
+from onceonly._core import codec, error_text
 from onceonly._core.canonical import MAX_DEPTH, canonical_json
 from onceonly._core.fingerprint import fingerprint
 from onceonly._core.keys import content_key, validate_key
@@ -323,12 +323,12 @@ def test_fuzz_error_texts(cls: type[Exception], args: list[Any]) -> None:
     """error_summary and encode_error never raise and give text any store can hold."""
     exc = cls(*args)
     start = time.perf_counter()
-    summary = codec.error_summary(exc)
-    encoded = codec.encode_error(exc)
+    summary = error_text.error_summary(exc)
+    encoded = error_text.encode_error(exc)
     assert time.perf_counter() - start < BOUND
     storable(summary)
     storable(encoded)
-    assert len(summary) <= codec.ERROR_SUMMARY_LIMIT
+    assert len(summary) <= error_text.ERROR_SUMMARY_LIMIT
     assert json.loads(encoded)["type"].endswith(cls.__qualname__)
 
 
