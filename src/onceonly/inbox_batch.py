@@ -86,8 +86,10 @@ def process_batch(
     order = sorted(range(len(batch)), key=lambda i: str(batch[i].key))
     with inbox.store.transaction(connection, lock_wait=inbox.wait) as outer:
         begin = getattr(outer, "begin", None)  # PostgreSQL sends BEGIN/SAVEPOINT lazily
-        if connection is not None and begin is not None:
-            begin()  # the batch's own savepoint first: its rollback undoes them all
+        if begin is not None and (connection is not None or outer.connection is None):
+            # the batch's own savepoint first (its rollback undoes them all); a tiered
+            # store opens its durable transaction only now, so its messages can join it
+            begin()
         joined = outer.connection
         for i in order:
             item = batch[i]

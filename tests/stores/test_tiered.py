@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,20 @@ def redis_factory(tmp_path: Path) -> Iterator[StoreFactory]:
     factory.close()
 
 
+@pytest.fixture
+def redis_tier(redis_factory: StoreFactory) -> Iterator[Callable[..., RedisTier]]:
+    """Makes Redis tiers (on the given Redis store, else a new one) and closes them."""
+    made: list[RedisTier] = []
+
+    def make(store: Any = None, **options: Any) -> RedisTier:
+        made.append(RedisTier(store if store is not None else redis_factory(), **options))
+        return made[-1]
+
+    yield make
+    for tier in made:
+        tier.close()
+
+
 def charge_fn(store: Any, runs: list[str], ttl: float = 3600) -> Any:
     @onceonly.idempotent(store, key=lambda order, amount=1: order, scope="charge", ttl=ttl)
     def charge(order: str, amount: int = 1) -> str:
@@ -109,16 +123,20 @@ def test_a_replay_from_the_local_tier_costs_no_round_trip(durable: Any) -> None:
 
 
 def test_other_processes_replay_from_the_redis_tier(
-    durable: Any, redis_factory: StoreFactory
+    durable: Any, redis_factory: StoreFactory, redis_tier: Callable[..., RedisTier]
 ) -> None:
     """A completion is written to Redis; another process's first replay costs one GET and
-    no durable round trip, its next ones nothing."""
+    no durable round trip (once it read the durable store's id: one read per process),
+    its next ones nothing."""
     redis_store = redis_factory()
     a_counted, b_counted = Counted(durable), Counted(durable)
-    a = TieredStore(a_counted, local=LocalTier(), redis=RedisTier(redis_store))
-    b = TieredStore(b_counted, local=LocalTier(), redis=RedisTier(redis_store))
+    a = TieredStore(a_counted, local=LocalTier(), redis=redis_tier(redis_store))
+    b = TieredStore(b_counted, local=LocalTier(), redis=redis_tier(redis_store))
     runs: list[str] = []
     assert charge_fn(a, runs)("o-1") == "charged o-1 1"
+    assert b.store_id() == a.store_id()
+    assert b_counted.ops == Counter({"session()": 1, "get": 1})  # the id, once
+    b_counted.ops.clear()
     b_charge = charge_fn(b, runs)
     assert b_charge("o-1") == b_charge("o-1") == "charged o-1 1"
     assert runs == ["o-1"]
@@ -190,9 +208,11 @@ def test_expiry_and_fingerprint_are_checked_on_every_cached_read(durable: Any) -
     assert charge("o-1") == "charged o-1 1" and runs == ["o-1", "o-1"]
 
 
-def test_operator_delete_clears_the_tiers(durable: Any, redis_factory: StoreFactory) -> None:
+def test_operator_delete_clears_the_tiers(
+    durable: Any, redis_tier: Callable[..., RedisTier]
+) -> None:
     """A delete through the tiered store's admin is forgotten by both tiers at once."""
-    store = TieredStore(durable, local=LocalTier(), redis=RedisTier(redis_factory()))
+    store = TieredStore(durable, local=LocalTier(), redis=redis_tier())
     runs: list[str] = []
     charge = charge_fn(store, runs)
     charge("o-1")
@@ -227,12 +247,14 @@ def test_a_failing_redis_tier_is_skipped(durable: Any, tmp_path: Path) -> None:
         port = s.getsockname()[1]
     dead = onceonly.open_store(f"redis://127.0.0.1:{port}/0", socket_timeout=0.5)
     try:
-        store = TieredStore(durable, redis=RedisTier(dead))
+        tier = RedisTier(dead)
+        store = TieredStore(durable, redis=tier)
         runs: list[str] = []
         charge = charge_fn(store, runs)
         assert charge("o-1") == charge("o-1") == "charged o-1 1"
         assert runs == ["o-1"] and store.hits["durable"] == 2
     finally:
+        tier.close()
         dead.close()
 
 
@@ -272,8 +294,9 @@ async def test_async_tiers(redis_factory: StoreFactory, tmp_path: Path) -> None:
     durable = onceonly.open_async_store(f"sqlite:///{tmp_path / 'a.db'}")
     await durable.migrate()
     aredis = onceonly.open_async_store(REDIS_URL, prefix=redis_factory.table)
-    a = AsyncTieredStore(durable, local=LocalTier(), redis=AsyncRedisTier(aredis))
-    b = AsyncTieredStore(durable, local=LocalTier(), redis=AsyncRedisTier(aredis))
+    a_tier, b_tier = AsyncRedisTier(aredis), AsyncRedisTier(aredis)
+    a = AsyncTieredStore(durable, local=LocalTier(), redis=a_tier)
+    b = AsyncTieredStore(durable, local=LocalTier(), redis=b_tier)
     runs: list[int] = []
 
     def fn(store: Any) -> Any:
@@ -290,6 +313,8 @@ async def test_async_tiers(redis_factory: StoreFactory, tmp_path: Path) -> None:
         assert [await fb(1), await fb(1)] == [1, 1]
         assert runs == [1] and (b.hits["redis"], b.hits["local"], b.hits["durable"]) == (1, 1, 0)
     finally:
+        await a_tier.close()
+        await b_tier.close()
         await aredis.close()
         await durable.close()
 
