@@ -117,28 +117,50 @@ def test_a_local_tier_serves_one_durable_store() -> None:
 # -- (b) an operator's delete against a concurrent tier fill
 
 
+class Stop:
+    """Where one thread stops until the test releases it."""
+
+    def __init__(self, who: threading.Thread) -> None:
+        self.who = who
+        self.reached, self.release = threading.Event(), threading.Event()
+
+
 class Paused:
-    """The durable store, whose next ``after`` (a session operation, or ``"commit"``) in
-    the thread ``who`` stops until released: the moment between the durable store's
-    answer and the tier fill that follows it."""
+    """The durable store, whose threads stop at chosen points until released: after a
+    session operation (its name) or a commit (``"commit"``), the moment between the
+    durable store's answer and the tier fill that follows it; or before an operator's
+    delete reaches the durable store (``"delete"``)."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        self.after: str | None = None
-        self.who: threading.Thread | None = None
-        self.reached, self.release = threading.Event(), threading.Event()
+        self.stops: dict[str, Stop] = {}
+
+    def stop(self, point: str, who: threading.Thread) -> Stop:
+        self.stops[point] = Stop(who)
+        return self.stops[point]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
 
     def admin(self) -> Any:
-        return admin_store(self.store)
+        inner, paused = admin_store(self.store), self
+
+        class Admin:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def delete(self, *args: Any) -> bool:
+                paused._stop_here("delete")
+                return bool(inner.delete(*args))
+
+        return Admin()
 
     def _stop_here(self, point: str) -> None:
-        if self.after == point and threading.current_thread() is self.who:
-            self.after = None
-            self.reached.set()
-            assert self.release.wait(20)
+        stop = self.stops.get(point)
+        if stop is not None and threading.current_thread() is stop.who:
+            del self.stops[point]
+            stop.reached.set()
+            assert stop.release.wait(20)
 
     def _wrap(self, session: Any) -> Any:
         paused = self
@@ -206,20 +228,51 @@ def test_an_operator_delete_wins_over_a_concurrent_tier_fill(
         return charge("o-1")
 
     scope = "c" if path == "atomic-completion" else "charge"
+    worker = threading.Thread(target=deliver)
     if path == "replay-read":
         charge_fn(durable, runs)("o-1")  # completed in the durable store, in no tier
-        paused.after = "claim"  # the duplicate's claim reads it; its fill is held
+        stop = paused.stop("claim", worker)  # the duplicate's claim reads it; its fill waits
     else:
-        paused.after = "commit" if path == "atomic-completion" else "update"
-    worker = threading.Thread(target=deliver)
-    paused.who = worker
+        stop = paused.stop("commit" if path == "atomic-completion" else "update", worker)
     worker.start()
-    assert paused.reached.wait(20)
+    assert stop.reached.wait(20)
     assert onceonly.Admin(store).delete(scope, "o-1")
-    paused.release.set()
+    stop.release.set()
     worker.join(20)
     assert runs == ["o-1"]
     deliver()
+    assert runs == ["o-1", "o-1"], "the deleted record replayed from a tier"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("tier", ["local", "redis"])
+def test_a_fill_read_between_the_delete_and_its_invalidations_is_dropped(
+    durable: Any, redis_tier: Callable[..., RedisTier], tier: str
+) -> None:
+    """A duplicate that looks in the tiers after the delete told them once, and reads
+    the record before the durable delete: its fill comes after the delete and is dropped."""
+    paused = Paused(durable)
+    store = TieredStore(paused, **_tiers(tier, redis_tier))
+    runs: list[str] = []
+    charge_fn(durable, runs)("o-1")
+    deleted: list[bool] = []
+    operator = threading.Thread(
+        target=lambda: deleted.append(onceonly.Admin(store).delete("charge", "o-1"))
+    )
+    worker = threading.Thread(target=charge_fn(store, runs), args=("o-1",))
+    before_delete = paused.stop("delete", operator)
+    read = paused.stop("claim", worker)
+    operator.start()
+    assert before_delete.reached.wait(20)  # the tiers were told; the record is still there
+    worker.start()
+    assert read.reached.wait(20)  # the duplicate read it (a replay); its fill waits
+    before_delete.release.set()
+    operator.join(20)
+    assert deleted == [True]
+    read.release.set()
+    worker.join(20)
+    assert runs == ["o-1"]
+    charge_fn(store, runs)("o-1")
     assert runs == ["o-1", "o-1"], "the deleted record replayed from a tier"
 
 
