@@ -197,7 +197,9 @@ def main() -> None:
                     replayed = inbox.process(key, {"id": key}, handler).replayed
                     counted["replayed" if replayed else "run"] += 1
 
-                pg_ops, redis_ops = count_ops(inbox.store, cache.client, deliver_counted, 2000)
+                tier = getattr(inbox.store, "redis", None)  # the Redis tier has its own client
+                client = cache.client if tier is None else tier.client
+                pg_ops, redis_ops = count_ops(inbox.store, client, deliver_counted, 2000)
                 c1 = statistics.median(rates[i, 1])
                 c8 = statistics.median(rates[i, 8])
                 print(
