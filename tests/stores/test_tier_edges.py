@@ -376,7 +376,7 @@ def test_a_blackholed_redis_tier_costs_milliseconds_and_comes_back(
         )
         assert sum(latencies[:5]) < 2.0, latencies[:5]  # before the breaker opens
         after = latencies[5:]
-        assert statistics.median(after) < 0.1 and max(after) < 1.0, after
+        assert statistics.median(after) < 0.05 and max(after) < 1.0, after  # 0.1 s a call before
         os.kill(private_redis.proc.pid, signal.SIGCONT)
         time.sleep(tier.breaker.cooldown + 0.2)
         assert inbox.process("back-1", {"id": "back-1"}, handler).replayed is False
