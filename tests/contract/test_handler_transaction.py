@@ -146,7 +146,7 @@ def test_handler_that_ends_its_transaction(sql_store: Any, idiom: str) -> None:
 @pytest.mark.parametrize("idiom", IDIOMS)
 def test_handler_that_ends_its_transaction_with_sql(sql_store: Any, idiom: str) -> None:
     """``COMMIT``/``ROLLBACK`` sent as SQL is never reported as a success either."""
-    table, count = _ledger(sql_store)
+    table, _ = _ledger(sql_store)
     inbox = onceonly.Inbox(sql_store, consumer="billing", max_attempts=10)
 
     def end(tx: Any, how: str) -> None:

@@ -85,7 +85,9 @@ def begin_command(conn: psycopg.AsyncConnection[Any]) -> bytes:
         return _BEGIN
     parts = [_BEGIN]
     if level is not None:
-        parts.append(b"ISOLATION LEVEL " + psycopg.IsolationLevel(level).name.replace("_", " ").encode())
+        parts.append(
+            b"ISOLATION LEVEL " + psycopg.IsolationLevel(level).name.replace("_", " ").encode()
+        )
     if read_only is not None:
         parts.append(b"READ ONLY" if read_only else b"READ WRITE")
     if deferrable is not None:

@@ -229,7 +229,11 @@ class _Transaction:
                 raise _translate(exc, begin=True) from exc
             raise
         self._conn = conn
-        store._fences[id(conn)].armed = True
+        fence = store._fences.get(id(conn))
+        if fence is None:  # a connection borrowed from an engine's pool: fence it too
+            fence = store._fences[id(conn)] = _Fence()
+            conn.set_authorizer(fence)
+        fence.armed = True
         return SQLiteSession(store, conn, transactional=True)
 
     def __exit__(
@@ -424,14 +428,19 @@ class SQLiteStore:
         # The caller's connection refuses COMMIT/ROLLBACK while our savepoint is open
         # (replacing, then clearing, any authorizer of the caller's: sqlite3 has no
         # getter; our own pooled connections keep theirs, see _Fence).
-        fenced = self._fences.get(id(conn)) is None
-        if fenced:
+        own = self._fences.get(id(conn))  # a connection of an engine we borrow from
+        was_armed = own is not None and own.armed
+        if own is not None:
+            own.armed = True
+        else:
             conn.set_authorizer(_deny_transaction)
         try:
             try:
                 yield session
             finally:
-                if fenced:
+                if own is not None:
+                    own.armed = was_armed
+                else:
                     conn.set_authorizer(None)
         except BaseException:
             if conn.in_transaction:
@@ -447,9 +456,7 @@ class SQLiteStore:
             if "no such savepoint" not in str(exc):
                 raise _translate(exc) from exc
             # the caller's transaction was ended (COMMIT/ROLLBACK) and a new one begun
-            raise TransactionEnded(
-                "the caller's transaction was ended inside the session"
-            ) from exc
+            raise TransactionEnded("the caller's transaction was ended inside the session") from exc
 
     @contextmanager
     def session(self) -> Iterator[SQLiteSession]:
