@@ -14,10 +14,18 @@ from onceonly.errors import (
     StoreUnavailable,
     TransactionAborted,
     TransactionEnded,
+    TransactionError,
 )
 from onceonly.types import TxHealth
 
-__all__ = ["HandlerFailed", "check_health", "commit_refused", "dead_error", "is_own_mark"]
+__all__ = [
+    "HandlerFailed",
+    "check_health",
+    "commit_refused",
+    "dead_error",
+    "ended",
+    "is_own_mark",
+]
 
 
 class HandlerFailed(Exception):
@@ -41,27 +49,37 @@ class HandlerFailed(Exception):
         self.seen = seen
         self.attempt = attempt
         self.transient = health is TxHealth.LOST or isinstance(exc, StoreUnavailable)
+        #: the handler ended the transaction (its claim may have committed on its own)
+        self.ended = health is TxHealth.ENDED or isinstance(exc, TransactionEnded)
 
 
 def commit_refused(exc: BaseException) -> bool:
     """Whether ``exc``, raised by the COMMIT of a transaction whose handler succeeded,
     is the database refusing the handler's writes (a deferred constraint, a trigger at
-    commit): a failed attempt. Not a lost connection (the commit may have happened:
-    retried uncounted), a missing table or a damaged record."""
+    commit) or the transaction found ended there (its savepoint gone): a failed
+    attempt. Not a lost connection (the commit may have happened: retried uncounted),
+    a missing table or a damaged record."""
+    if isinstance(exc, TransactionError):
+        return True
     return isinstance(exc, StoreError) and not isinstance(
         exc, (StoreUnavailable, ConfigurationError, CorruptRecord)
+    )
+
+
+def ended(scope: str, key: str) -> TransactionEnded:
+    """The error of a handler that ended the inbox's transaction (spec §1.3)."""
+    return TransactionEnded(
+        "the handler committed or rolled back the inbox's transaction; leave commit "
+        "and rollback to the inbox (use a savepoint to undo part of the work)",
+        key=key,
+        scope=scope,
     )
 
 
 def check_health(health: TxHealth, scope: str, key: str) -> None:
     """Refuse to complete a claim whose transaction the handler ended or broke."""
     if health is TxHealth.ENDED:
-        raise TransactionEnded(
-            "the handler committed or rolled back the inbox's transaction; leave commit "
-            "and rollback to the inbox (use a savepoint to undo part of the work)",
-            key=key,
-            scope=scope,
-        )
+        raise ended(scope, key)
     if health is TxHealth.ABORTED:
         raise TransactionAborted(
             "a statement failed in the handler's transaction and the handler carried on; "

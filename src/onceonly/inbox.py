@@ -40,6 +40,7 @@ from onceonly._inbox_rules import (
     check_health,
     commit_refused,
     dead_error,
+    ended,
     is_own_mark,
 )
 from onceonly._sqlalchemy import join
@@ -47,10 +48,10 @@ from onceonly.errors import (
     ConfigurationError,
     DeadLettered,
     InFlight,
-    OnceOnlyError,
     PayloadMismatch,
     StoreError,
     StoreUnavailable,
+    TransactionError,
 )
 from onceonly.events import EventHook, Listener
 from onceonly.inbox_batch import BatchItem, process_batch
@@ -307,6 +308,18 @@ class Inbox:
                             result = handler(payload, tx)
                             check_health(session.health(), scope, key)
                             encoded = codec.encode(result, max_bytes=self.max_result_bytes)
+                            # The claim says completed with a null result and expires_at
+                            # from the claim; re-stamp unless nothing would change (§1.1).
+                            elapsed = _acompat.monotonic() - started
+                            if encoded != "null" or self._restamp(elapsed):
+                                done = session.update(
+                                    scope,
+                                    key,
+                                    Expect(claimed.token, State.COMPLETED),
+                                    complete_write(claimed, encoded, self.ttl),
+                                )
+                                if done is None:  # our claim is not in this transaction
+                                    raise ended(scope, key)
                         except BaseException as exc:
                             # a failure keeps what the claim carried (checkpoint, payload)
                             carried = dataclasses.replace(
@@ -315,18 +328,6 @@ class Inbox:
                             raise HandlerFailed(
                                 exc, carried, seen, attempt, session.health()
                             ) from exc
-                        elapsed = _acompat.monotonic() - started
-                        # The claim says completed with a null result and expires_at from
-                        # the claim; re-stamp unless nothing would change (spec §1.1).
-                        if encoded != "null" or self._restamp(elapsed):
-                            done = session.update(
-                                scope,
-                                key,
-                                Expect(claimed.token, State.COMPLETED),
-                                complete_write(claimed, encoded, self.ttl),
-                            )
-                            if done is None:  # cannot happen while we hold the row
-                                raise OnceOnlyError("the claim changed inside its own transaction")
                         committing = True
                         return Outcome(result, False, key, attempt)
             except HandlerFailed as failed:
@@ -341,11 +342,12 @@ class Inbox:
                     ) from failed.exc
                 self._record_failure(failed, payload, connection)
                 raise failed.exc from None
-            except StoreError as exc:
+            except (StoreError, TransactionError) as exc:
                 if not committing or claimed is None or not commit_refused(exc):
                     raise
-                # The handler's writes failed at COMMIT (a deferred constraint): a failed
-                # attempt like a raise inside it, so a poison message still ends dead.
+                # The handler's writes failed at COMMIT (a deferred constraint), or its
+                # transaction turned out ended there: a failed attempt like a raise inside
+                # it, so a poison message still ends dead.
                 carried = dataclasses.replace(
                     claimed, checkpoint=intent.checkpoint, payload=intent.payload
                 )

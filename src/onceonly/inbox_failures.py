@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from onceonly._core.attempts import precount_write, recount_write, uncount_write
 from onceonly._core.state import Expect, Record, State
 from onceonly._inbox_rules import HandlerFailed, is_own_mark
-from onceonly.errors import OnceOnlyError, TransactionEnded
+from onceonly.errors import OnceOnlyError
 from onceonly.outcome import failure_write, new_token
 
 if TYPE_CHECKING:
@@ -88,13 +88,17 @@ def record_failure(inbox: Inbox, failed: HandlerFailed, payload: Any, connection
         max_bytes=inbox.max_result_bytes,
     )
     stored: Record | None = None
+    if failed.ended:
+        # A caller's transaction the handler ended is not the one its claim was in (that
+        # one committed or rolled back already): record on a connection of the store's.
+        connection = None
     try:
         with inbox.store.transaction(connection, lock_wait=inbox.wait) as session:
             if failed.seen is None:
                 stored = session.insert(scope, key, write)
             else:
                 stored = session.update(scope, key, failed.seen, write)
-            if stored is None and isinstance(exc, TransactionEnded):
+            if stored is None and failed.ended:
                 # The handler committed the claim itself (written completed, with our
                 # token): that completion is not a success, so turn it into a failure.
                 stored = session.update(scope, key, Expect(claimed.token, State.COMPLETED), write)

@@ -160,6 +160,8 @@ class MySQLSession:
         cur = self._conn.cursor()
         with _DriverErrors(scope, key):
             cur.execute(sql, params)
+        if not self._flagged:  # a lazily begun transaction has begun by now
+            self._flagged = in_transaction(self._conn)
         return cur
 
     def _bounded(self, sql: str, scope: str, key: str) -> str:
@@ -314,12 +316,31 @@ class MySQLSession:
             raise TransactionEnded("the transaction was committed or rolled back by its user")
         if health is TxHealth.LOST:
             raise StoreUnavailable("the connection was lost before the commit")
+        if self._mode == _JOINED:
+            cur = conn.cursor()
+            try:
+                with _DriverErrors():
+                    cur.execute(f"RELEASE SAVEPOINT {self._savepoint}")
+            except StoreError as exc:
+                if _SAVEPOINT_GONE not in str(exc.__cause__):
+                    raise
+                # our savepoint is gone: the caller's transaction was ended (COMMIT or
+                # ROLLBACK) and a new one begun, without the claim. Roll that one back:
+                # what it holds (the handler's later writes, our completion) is not the
+                # claim's, and its row locks would keep the failure from being recorded.
+                self._rollback_ended()
+                raise TransactionEnded(
+                    "the transaction was committed or rolled back by its user"
+                ) from exc
+            return
         with _DriverErrors():
-            if self._mode == _JOINED:
-                cur = conn.cursor()
-                cur.execute(f"RELEASE SAVEPOINT {self._savepoint}")
-            else:
-                conn.commit()
+            conn.commit()
+
+    def _rollback_ended(self) -> None:
+        try:
+            self._conn.rollback()
+        except Exception:
+            log.debug("rollback of the ended transaction failed", exc_info=True)
 
     def _rollback(self) -> None:
         """Undo this session's work; failures here must not hide the error being handled."""
@@ -336,6 +357,10 @@ class MySQLSession:
             log.debug("rollback failed; discarding the connection", exc_info=True)
             if self._mode != _JOINED:
                 self._store._discard(conn)
+
+
+# MariaDB/MySQL's ER_SP_DOES_NOT_EXIST: "SAVEPOINT … does not exist"
+_SAVEPOINT_GONE = "(1305,"
 
 
 class _Transaction:
@@ -364,6 +389,9 @@ class _Transaction:
                 store, self._caller, mode=_JOINED, lock_wait=self._lock_wait
             )
             self._session._savepoint = name
+            # the savepoint is inside a transaction now (a lazily begun one too): its
+            # end inside the handler is seen from here on
+            self._session._flagged = in_transaction(self._caller)
             return self._session
         conn = store._checkout()
         try:

@@ -31,6 +31,7 @@ from onceonly._core.admin import PurgeRule, Query, ScopeStats
 from onceonly._core.admin_sql import purge_predicates, query_predicate, stats_from_rows
 from onceonly._core.sql import qmark_to_format
 from onceonly._core.state import Expect, Record
+from onceonly.errors import NotMigrated
 from onceonly.stores._postgres_errors import _DriverErrors
 from onceonly.stores._postgres_sql import _RETURNING, _record
 from onceonly.stores.postgres_async import _MIGRATE_LOCK
@@ -93,15 +94,22 @@ class AsyncPostgresAdmin:
         deleted = 0
         # A ctid names a row only within one table: a partitioned table is purged one
         # partition at a time (a plain table is its own single leaf).
-        for t in await self._leaves():
+        leaves = await self._leaves()
+        for t in leaves:
             for where, params, order in purge_predicates(rule, cutoff):
                 if deleted >= limit:
                     return deleted
-                rows = await self._run(
-                    f"DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t} WHERE {where}"
-                    f" ORDER BY {order} LIMIT ? FOR UPDATE SKIP LOCKED)) AND {where} RETURNING 1",
-                    [*params, limit - deleted, *params],
-                )
+                try:
+                    rows = await self._run(
+                        f"DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t} WHERE "
+                        f"{where} ORDER BY {order} LIMIT ? FOR UPDATE SKIP LOCKED)) AND {where}"
+                        " RETURNING 1",
+                        [*params, limit - deleted, *params],
+                    )
+                except NotMigrated:
+                    if leaves == [self._t]:
+                        raise  # the table itself is missing
+                    break  # a partition dropped meanwhile (drop_expired): its rows are gone
                 deleted += len(rows)
         return deleted
 

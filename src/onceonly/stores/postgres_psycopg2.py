@@ -92,6 +92,10 @@ class _Errors:
                 scope=scope,
                 key=key,
             ) from exc
+        if isinstance(exc, psycopg2.errors.FeatureNotSupported) and "onceonly" in str(exc):
+            # the partitioned table's refusal of another isolation level: as psycopg 3
+            message = (exc.diag.message_primary or str(exc)) if exc.diag else str(exc)
+            raise ConfigurationError(message, scope=scope, key=key) from exc
         if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
             raise StoreUnavailable(
                 f"PostgreSQL is unavailable: {exc}", scope=scope, key=key

@@ -11,6 +11,7 @@ committed, driver errors translated only around our own statements.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from typing import TYPE_CHECKING, Any, cast
@@ -27,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from onceonly._core.sql import qmark_to_format
 from onceonly._core.state import Expect, Record, Write
 from onceonly.errors import (
+    StoreError,
     StoreUnavailable,
     TransactionAborted,
     TransactionEnded,
@@ -74,6 +76,41 @@ def _user_query(text: str) -> bytes:
 _AUTOCOMMIT, _TRANSACTION, _JOINED = "autocommit", "transaction", "joined"
 
 
+def begin_command(conn: psycopg.AsyncConnection[Any]) -> bytes:
+    """The ``BEGIN`` psycopg itself would send on ``conn``: with the connection's
+    isolation level, access mode and deferrability (a caller's SERIALIZABLE or
+    REPEATABLE READ READ ONLY transaction keeps them, docs/spec.md §1.1)."""
+    level, read_only, deferrable = conn.isolation_level, conn.read_only, conn.deferrable
+    if level is None and read_only is None and deferrable is None:
+        return _BEGIN
+    parts = [_BEGIN]
+    if level is not None:
+        parts.append(
+            b"ISOLATION LEVEL " + psycopg.IsolationLevel(level).name.replace("_", " ").encode()
+        )
+    if read_only is not None:
+        parts.append(b"READ ONLY" if read_only else b"READ WRITE")
+    if deferrable is not None:
+        parts.append(b"DEFERRABLE" if deferrable else b"NOT DEFERRABLE")
+    return b" ".join(parts)
+
+
+def fence(conn: psycopg.AsyncConnection[Any], on: bool) -> None:
+    """Make psycopg refuse ``conn.commit()`` and ``conn.rollback()`` (``on``), or allow
+    them again, while the inbox's transaction (or savepoint) is open on ``conn``.
+
+    psycopg refuses both inside its own ``conn.transaction()`` block; this counts one
+    more such block, so the handler's call raises ``ProgrammingError`` before anything
+    reaches the server (no round trip; spec §1.3). psycopg keeps the count in a private
+    attribute: without it (another psycopg) the refusal is skipped and the status check
+    before COMMIT still reports the ended transaction
+    (``tests/contract/test_handler_transaction.py`` checks that it is there).
+    """
+    count = getattr(conn, "_num_transactions", None)
+    if isinstance(count, int):
+        conn._num_transactions = count + 1 if on else max(count - 1, 0)
+
+
 class AsyncPostgresSession:
     """One connection of :class:`AsyncPostgresStore`: autocommit, a transaction of its
     own, or a savepoint inside the caller's transaction.
@@ -108,6 +145,19 @@ class AsyncPostgresSession:
         self._begins = begins
         self._cursor: psycopg.AsyncCursor[TupleRow] | None = None  # made on first use
         self._held: set[tuple[str, str]] = set()  # keys whose row lock we hold
+        self._fenced = False  # psycopg refuses commit()/rollback() on the connection
+
+    def _fence(self) -> None:
+        """Refuse the caller's commit()/rollback() from now until our own end (see
+        :func:`fence`); called once our BEGIN or savepoint is out."""
+        if not self._fenced and self._mode != _AUTOCOMMIT:
+            fence(self._conn, True)
+            self._fenced = True
+
+    def _unfence(self) -> None:
+        if self._fenced:
+            fence(self._conn, False)
+            self._fenced = False
 
     @property
     def _cur(self) -> psycopg.AsyncCursor[TupleRow]:
@@ -173,16 +223,20 @@ class AsyncPostgresSession:
         if self._begins and conn.pgconn.transaction_status == _IDLE:
             # Our transaction's BEGIN, still pending (a session joining it may send it);
             # but not when the caller's SQL on .connection already began it.
-            commands.append(_BEGIN)
+            commands.append(begin_command(conn))
             if conn.autocommit is False:
                 # Our explicit BEGIN rides with the statement: psycopg's implicit one
-                # would cost a round trip of its own. (Restored at check-in.)
+                # would cost a round trip of its own. In autocommit, a handler's SQL
+                # ``ROLLBACK``/``COMMIT`` leaves the connection idle, where the check
+                # before COMMIT sees it, instead of psycopg beginning a new transaction
+                # that COMMIT would report as ours. (Restored at check-in.)
                 await conn.set_autocommit(True)
         if opening is _OPEN_SAVEPOINT:
             commands.append(_OPEN_SAVEPOINT)
         if query is None or not self._pipeline:
             for command in commands:
                 await conn.execute(command)
+            self._fence()
             if query is not None:
                 await self._cur.execute(query, params)
             return
@@ -190,6 +244,7 @@ class AsyncPostgresSession:
             for command in commands:
                 await conn.execute(command)
             await self._cur.execute(query, params)
+        self._fence()
 
     async def _open_with_claim(
         self, params: tuple[Any, ...], scope: str, key: str
@@ -201,9 +256,12 @@ class AsyncPostgresSession:
         commands: list[bytes] = []
         if conn.pgconn.transaction_status == _IDLE and (self._begins or not conn.autocommit):
             # Our transaction's BEGIN (or that of a caller's lazily begun one, which
-            # psycopg would have sent before its next statement); but not when SQL on
-            # .connection already began it.
-            commands.append(_BEGIN)
+            # psycopg would have sent before its next statement, with the connection's
+            # isolation level and access mode); but not when SQL on .connection
+            # already began it.
+            commands.append(begin_command(conn))
+            if self._begins and conn.autocommit is False:
+                await conn.set_autocommit(True)  # see _open_with (restored at check-in)
         if opening is _OPEN_SAVEPOINT:
             commands.append(_OPEN_SAVEPOINT)
         statement, types = self._q.claim, self._q.claim_types
@@ -229,6 +287,7 @@ class AsyncPostgresSession:
                 else:  # SQL on .connection began the transaction: it cannot be redone
                     raise
                 result = await self._send(Opening(commands, query, encoded, types, prepare))
+        self._fence()
         return claim_row(result, conn)
 
     def _in_pipeline(self) -> bool:
@@ -352,6 +411,7 @@ class AsyncPostgresSession:
     # -- the end of the session
 
     async def _commit(self) -> None:
+        self._unfence()
         if self._mode == _JOINED and self._pending is not None:
             return  # nothing was sent: nothing to release
         conn = self._conn
@@ -367,14 +427,28 @@ class AsyncPostgresSession:
         if health is TxHealth.LOST:
             raise StoreUnavailable("the connection was lost before the commit")
         if self._mode == _JOINED:
-            with _DriverErrors():
-                await conn.execute(_RELEASE_SAVEPOINT)
+            try:
+                with _DriverErrors():
+                    await conn.execute(_RELEASE_SAVEPOINT)
+            except StoreError as exc:
+                if not isinstance(exc.__cause__, psycopg.errors.InvalidSavepointSpecification):
+                    raise
+                # our savepoint is gone: the caller's transaction was ended (ROLLBACK or
+                # COMMIT sent as SQL) and a new one begun, without the claim. Roll that
+                # one back: what it holds (the handler's later writes, our completion) is
+                # not the claim's, and its row locks would keep the failure unrecorded.
+                with contextlib.suppress(psycopg.Error):
+                    await conn.rollback()
+                raise TransactionEnded(
+                    "the transaction was committed or rolled back by its user"
+                ) from exc
         elif conn.pgconn.transaction_status != _IDLE:
             with _DriverErrors():
                 await conn.commit()
 
     async def _rollback(self) -> None:
         """Undo this session's work; failures here must not hide the error being handled."""
+        self._unfence()
         conn = self._conn
         try:
             if self._mode == _JOINED:

@@ -14,8 +14,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from onceonly.stores._postgres_errors import _DriverErrors
-from onceonly.stores._postgres_sql import _BEGIN
-from onceonly.stores.postgres_session import _JOINED, _TRANSACTION, PostgresSession
+from onceonly.stores.postgres_session import (
+    _JOINED,
+    _TRANSACTION,
+    PostgresSession,
+    begin_command,
+)
 
 if TYPE_CHECKING:
     from onceonly.stores.postgres import PostgresStore
@@ -73,7 +77,8 @@ class _Transaction:
             return session
         try:
             with _DriverErrors():
-                session._cur.execute(_BEGIN)
+                session._cur.execute(begin_command(conn))
+            session._fence()
         except BaseException:
             store._checkin(conn, self._autocommit)
             raise

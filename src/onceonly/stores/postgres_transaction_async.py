@@ -13,8 +13,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from onceonly.stores._postgres_errors import _DriverErrors
-from onceonly.stores._postgres_sql import _BEGIN
-from onceonly.stores.postgres_session_async import _JOINED, _TRANSACTION, AsyncPostgresSession
+from onceonly.stores.postgres_session_async import (
+    _JOINED,
+    _TRANSACTION,
+    AsyncPostgresSession,
+    begin_command,
+)
 
 if TYPE_CHECKING:
     from onceonly.stores.postgres_async import AsyncPostgresStore
@@ -72,7 +76,8 @@ class _Transaction:
             return session
         try:
             with _DriverErrors():
-                await session._cur.execute(_BEGIN)
+                await session._cur.execute(begin_command(conn))
+            session._fence()
         except BaseException:
             await store._checkin(conn, self._autocommit)
             raise

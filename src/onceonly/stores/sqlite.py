@@ -11,6 +11,11 @@ Invariants:
   ``lock_wait`` raises :class:`~onceonly.InFlight` (retry the delivery later).
 * The clock is the machine's (``time.time()``): every process sharing the file shares it.
 * Connections are pooled per process; a forked child never reuses its parent's.
+* While a transaction of the store is open, ``COMMIT``, ``ROLLBACK`` and ``BEGIN`` are
+  refused on its connection (an authorizer, consulted only when a statement is
+  prepared): a handler's ``tx.connection.commit()``/``rollback()`` raises
+  ``sqlite3.DatabaseError`` ("not authorized") instead of ending the transaction that
+  holds its claim (docs/spec.md §1.3).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +87,30 @@ def schema_ddl(table: str, outbox_table: str | None) -> list[str]:
 _pid = [os.getpid()]
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+
+
+class _Fence:
+    """The authorizer of a connection: while ``armed``, refuses statements that begin,
+    commit or roll back a transaction (savepoints stay allowed)."""
+
+    __slots__ = ("armed",)
+
+    def __init__(self) -> None:
+        self.armed = False
+
+    def __call__(
+        self, action: int, arg1: str | None, arg2: str | None, db: str | None, src: str | None
+    ) -> int:
+        if self.armed and action == sqlite3.SQLITE_TRANSACTION:
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+
+def _deny_transaction(
+    action: int, arg1: str | None, arg2: str | None, db: str | None, src: str | None
+) -> int:
+    """An armed :class:`_Fence` for a caller's connection, set only inside our savepoint."""
+    return sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_TRANSACTION else sqlite3.SQLITE_OK
 
 
 class SQLiteSession:
@@ -200,6 +229,11 @@ class _Transaction:
                 raise _translate(exc, begin=True) from exc
             raise
         self._conn = conn
+        fence = store._fences.get(id(conn))
+        if fence is None:  # a connection borrowed from an engine's pool: fence it too
+            fence = store._fences[id(conn)] = _Fence()
+            conn.set_authorizer(fence)
+        fence.armed = True
         return SQLiteSession(store, conn, transactional=True)
 
     def __exit__(
@@ -209,6 +243,7 @@ class _Transaction:
         tb: TracebackType | None,
     ) -> None:
         conn = self._conn
+        self._store._fences[id(conn)].armed = False
         try:
             if exc_type is not None:
                 if conn.in_transaction:
@@ -271,6 +306,8 @@ class SQLiteStore:
         self._pool: list[sqlite3.Connection] = []
         # The busy timeout each pooled connection has (by id): set only when it changes.
         self._busy: dict[int, int] = {}
+        # The authorizer of each pooled connection (by id), armed inside a transaction.
+        self._fences: dict[int, _Fence] = {}
         # the last lock_wait asked for, and its busy timeout in milliseconds
         self._busy_for: tuple[float, int] = (5.0, _busy_timeout_ms(5.0))
         self._pool_pid = _pid[0]
@@ -317,6 +354,8 @@ class SQLiteStore:
             )
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            fence = self._fences[id(conn)] = _Fence()
+            conn.set_authorizer(fence)
         self._busy.pop(id(conn), None)  # a new connection (its id may be a dead one's)
         return conn
 
@@ -336,6 +375,7 @@ class SQLiteStore:
                     self._pool.append(conn)
                     return
         self._busy.pop(id(conn), None)
+        self._fences.pop(id(conn), None)
         conn.close()
 
     # -- the contract
@@ -385,16 +425,38 @@ class SQLiteStore:
         name = f"onceonly_{threading.get_ident()}_{time.monotonic_ns()}"
         conn.execute(f"SAVEPOINT {name}")
         session = SQLiteSession(self, conn, transactional=True)
+        # The caller's connection refuses COMMIT/ROLLBACK while our savepoint is open
+        # (replacing, then clearing, any authorizer of the caller's: sqlite3 has no
+        # getter; our own pooled connections keep theirs, see _Fence).
+        own = self._fences.get(id(conn))  # a connection of an engine we borrow from
+        was_armed = own is not None and own.armed
+        if own is not None:
+            own.armed = True
+        else:
+            conn.set_authorizer(_deny_transaction)
         try:
-            yield session
+            try:
+                yield session
+            finally:
+                if own is not None:
+                    own.armed = was_armed
+                else:
+                    conn.set_authorizer(None)
         except BaseException:
             if conn.in_transaction:
-                conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
-                conn.execute(f"RELEASE SAVEPOINT {name}")
+                with suppress(sqlite3.OperationalError):  # gone with the ended transaction
+                    conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
+                    conn.execute(f"RELEASE SAVEPOINT {name}")
             raise
         if session.health() is not TxHealth.OK:
             raise TransactionEnded("the caller's transaction was ended inside the session")
-        conn.execute(f"RELEASE SAVEPOINT {name}")
+        try:
+            conn.execute(f"RELEASE SAVEPOINT {name}")
+        except sqlite3.OperationalError as exc:
+            if "no such savepoint" not in str(exc):
+                raise _translate(exc) from exc
+            # the caller's transaction was ended (COMMIT/ROLLBACK) and a new one begun
+            raise TransactionEnded("the caller's transaction was ended inside the session") from exc
 
     @contextmanager
     def session(self) -> Iterator[SQLiteSession]:
