@@ -189,12 +189,13 @@ class LeasedRunner:
         start = _acompat.monotonic()
         deadline = start + self.wait
         outage_deadline = start + min(self.wait, self.policy.lease_seconds)
-        token = self._unconfirmed.pop(key, None) or new_token()
+        noted = self._unconfirmed.pop(key, None)
+        token = noted or new_token()
         delay = 0.01
         outages = 0
         while True:
             try:
-                got = self._claim_once(key, fp, token)
+                got = self._claim_once(key, fp, token, noted is not None or outages > 0)
             except StoreUnavailable:
                 outages += 1
                 if outages > 1 and _acompat.monotonic() >= outage_deadline:
@@ -239,8 +240,15 @@ class LeasedRunner:
                 self._unconfirmed.popitem(last=False)
         self._unconfirmed[key] = token
 
-    def _claim_once(self, key: str, fp: str | None, token: int) -> Claim | Replay | Decision:
+    def _claim_once(
+        self, key: str, fp: str | None, token: int, recovering: bool
+    ) -> Claim | Replay | Decision:
         """One read-decide-write round of :meth:`claim` under ``token``.
+
+        ``recovering``: a claim under ``token`` may have committed already (its reply was
+        lost). A store may then report the record under our token as just inserted, so
+        the record goes through :func:`decide` instead, which takes it back with a fresh
+        lease and its attempts as stored (one more round trip, on this path only).
 
         Returns:
             The claim or a replay; else the decision to go round again on: ``RUN`` when
@@ -249,7 +257,7 @@ class LeasedRunner:
         scope = self.scope
         with self.store.session() as session:
             snap = session.claim(scope, key, claim_write(fp, token, self.policy))
-            if snap.inserted:
+            if snap.inserted and not recovering:
                 assert snap.record is not None
                 return Claim(
                     self.store,
