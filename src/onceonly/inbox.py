@@ -151,7 +151,7 @@ class Inbox:
         self.store = store
         self.consumer = validate_key(consumer, what="consumer")
         self.ttl: float | None = None if ttl is None else seconds(ttl, what="ttl")
-        self.wait = seconds(wait, what="wait", allow_inf=True)
+        self.wait = seconds(wait, what="wait", allow_inf=True, allow_zero=True)
         held = seconds(DEFAULT_LEASE if lease is None else lease, what="lease") if leased else None
         self.policy = Policy(held or seconds(stale_after, what="stale_after"), max_attempts)
         self.cache_errors = tuple(cache_errors)
