@@ -93,7 +93,7 @@ class Inbox:
         consumer: the scope of the keys; one inbox per consumer.
         ttl: how long a completed key is remembered (``None``: for ever).
         max_attempts: failed runs after which the key is ``dead``.
-        wait: how long a duplicate waits for a concurrent first delivery.
+        wait: how long a duplicate waits for a concurrent first delivery (0: not at all).
         stale_after: the lease of a claim in atomic mode (a safety net).
         lease: leased mode: the claim's lease, renewed every ``lease / 3`` while the
             handler runs (default 30 s). Refused in atomic mode.
