@@ -103,7 +103,7 @@ class _Idempotent:
         self.scope = scope
         self.ttl = None if ttl is None else seconds(ttl, what="ttl")
         self.policy = Policy(seconds(lease, what="lease"), max_attempts)
-        self.wait = seconds(wait, what="wait", allow_inf=True)
+        self.wait = seconds(wait, what="wait", allow_inf=True, allow_zero=True)
         self.fingerprint = fingerprint
         self.check_arguments = check_arguments
         self.cache_errors = cache_errors
@@ -216,7 +216,8 @@ def idempotent(
         ttl: how long a completed result is replayed (``None``: for ever).
         lease: how long a claim is held without renewal before another call may take it.
         max_attempts: failed runs after which the key is dead-lettered.
-        wait: how long a duplicate waits for a running call before :class:`InFlight`.
+        wait: how long a duplicate waits for a running call before :class:`InFlight`
+            (0: raise it at once).
         fingerprint: computes what identifies the payload (default: all arguments).
         check_arguments: compare the arguments of duplicates (``PayloadMismatch``).
         cache_errors: exception classes stored and re-raised to duplicates.

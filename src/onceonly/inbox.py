@@ -94,7 +94,7 @@ class Inbox:
         consumer: the scope of the keys; one inbox per consumer.
         ttl: how long a completed key is remembered (``None``: for ever).
         max_attempts: failed runs after which the key is ``dead``.
-        wait: how long a duplicate waits for a concurrent first delivery.
+        wait: how long a duplicate waits for a concurrent first delivery (0: not at all).
         stale_after: the lease of a claim in atomic mode (a safety net).
         lease: leased mode: the claim's lease, renewed every ``lease / 3`` while the
             handler runs (default 30 s). Refused in atomic mode.
@@ -152,7 +152,7 @@ class Inbox:
         self.store = store
         self.consumer = validate_key(consumer, what="consumer")
         self.ttl: float | None = None if ttl is None else seconds(ttl, what="ttl")
-        self.wait = seconds(wait, what="wait", allow_inf=True)
+        self.wait = seconds(wait, what="wait", allow_inf=True, allow_zero=True)
         held = seconds(DEFAULT_LEASE if lease is None else lease, what="lease") if leased else None
         self.policy = Policy(held or seconds(stale_after, what="stale_after"), max_attempts)
         self.cache_errors = tuple(cache_errors)

@@ -71,11 +71,13 @@ def seconds(
     what: str,
     allow_none: bool = False,
     allow_inf: bool = False,
+    allow_zero: bool = False,
 ) -> float:
     """``value`` in seconds; :class:`ConfigurationError` unless positive and storable.
 
     Durations past :data:`MAX_SECONDS` are refused (use ``None`` for "for ever" where the
-    option allows it); with ``allow_inf``, ``float("inf")`` means "no limit" (waits).
+    option allows it); with ``allow_inf``, ``float("inf")`` means "no limit" (waits);
+    with ``allow_zero``, 0 is accepted too (a wait of 0: answer at once).
     """
     if value is None:
         if allow_none:
@@ -87,8 +89,12 @@ def seconds(
         out = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
     except (TypeError, ValueError, OverflowError):
         raise ConfigurationError(f"{what} must be a number of seconds, not {value!r}") from None
+    if allow_zero and out == 0:
+        return 0.0
     if not out > 0:
-        raise ConfigurationError(f"{what} must be positive, not {value!r}")
+        raise ConfigurationError(
+            f"{what} must be {'zero or ' if allow_zero else ''}positive, not {value!r}"
+        )
     if out > MAX_SECONDS and allow_inf:
         return float("inf")  # a wait that long is no limit
     if out > MAX_SECONDS:

@@ -18,9 +18,11 @@ Rules, in the order :func:`decide` applies them to an existing record:
 2. A different fingerprint is a :data:`Action.MISMATCH` in every other state.
 3. ``completed`` → :data:`Action.REPLAY` of the stored result (or cached error).
 4. ``dead`` → :data:`Action.DEAD`; only an operator redrive leaves it.
-5. ``in_progress`` with a live lease → :data:`Action.IN_FLIGHT`; with a lapsed lease the
-   claim is taken over (new token) and the lapsed run counts as a failed attempt; if that
-   reaches ``max_attempts`` the record becomes ``dead`` instead.
+5. ``in_progress`` under the caller's own token is a claim the caller stored but never
+   heard about (its reply was lost): it is taken back as it is, not counted
+   (:func:`own_claim`). ``in_progress`` with a live lease → :data:`Action.IN_FLIGHT`; with
+   a lapsed lease the claim is taken over (new token) and the lapsed run counts as a
+   failed attempt; if that reaches ``max_attempts`` the record becomes ``dead`` instead.
 6. ``failed`` → retried with a new token while ``attempts < max_attempts``, else dead.
 
 A retaken claim keeps the record's checkpoint and payload snapshot (so a record that
@@ -282,7 +284,9 @@ def decide(
         now: the store's current time, epoch seconds.
         fingerprint: the incoming payload's fingerprint (``None``: not checked).
         policy: lease and attempt limits.
-        token: a fresh fencing token to use if this delivery takes the claim.
+        token: the fencing token this delivery claims under: fresh, or the token of an
+            earlier claim of the same call whose reply was lost (a record ``in_progress``
+            under it is that claim, taken back uncounted).
 
     Returns:
         A :class:`Decision`; the function has no side effects.
@@ -319,6 +323,8 @@ def decide(
         return Decision(Action.REPLAY, record)
     if state is State.DEAD:
         return Decision(Action.DEAD, record)
+    if state is State.IN_PROGRESS and record.token == token:
+        return own_claim(record, record_fp, policy)
     if state is State.IN_PROGRESS:
         lease_until = record.lease_until if record.lease_until is not None else now
         if lease_until > now:
@@ -362,6 +368,30 @@ def decide(
         ),
         attempt=record.attempts + 1,
         expect=failed,
+    )
+
+
+def own_claim(record: Record, fingerprint: str | None, policy: Policy) -> Decision:
+    """Take back ``record``, a claim this caller stored under its own token but never
+    heard about (the reply was lost: spec §2.3.1).
+
+    The caller never ran anything under it, so it is not an attempt: the claim is
+    resumed with its attempts as stored (no lapsed run is counted), with a fresh lease,
+    whether or not the old one has run out. The write expects the record to still be
+    this ``in_progress`` claim under the token: if another worker took it over in the
+    meantime, the write fails and the caller reads the record again.
+    """
+    return Decision(
+        Action.RUN,
+        record,
+        dataclasses.replace(
+            claim_write(fingerprint, record.token, policy, record.attempts),
+            checkpoint=record.checkpoint,
+            payload=record.payload,
+            keep_checkpoint=True,
+        ),
+        attempt=record.attempts + 1,
+        expect=Expect.holder(record.token),
     )
 
 

@@ -27,6 +27,9 @@ __all__ = ["MySQLStatements", "lock_wait_seconds", "parse_url"]
 
 SCHEMES = ("mysql", "mariadb", "mysql+pymysql", "mysql+aiomysql", "mariadb+pymysql")
 NOW = "UNIX_TIMESTAMP(NOW(6))"
+# The time a row is written, read after the statement waited for the row's lock (NOW(6)
+# is the statement's start). A server run with --sysdate-is-now makes it NOW(6) again.
+WRITTEN_AT = "UNIX_TIMESTAMP(SYSDATE(6))"
 SAVEPOINT = "onceonly"
 COLUMNS = (
     "scope, `key`, state, fingerprint, token, attempts, lease_until, result, error, "
@@ -110,6 +113,8 @@ class MySQLStatements:
     get: str
     update: str
     renew: str
+    #: the lease ``renew`` stored (read after it, in the same session)
+    renewed: str
     checkpoint: str
 
     @classmethod
@@ -145,13 +150,19 @@ class MySQLStatements:
                 " AND (NOT %s OR IF(state = 'completed', expires_at <= " + NOW + ","
                 " coalesce(lease_until <= " + NOW + ", TRUE)))"
             ),
+            # A holder's lease runs from when the row is written (SYSDATE: read after the
+            # statement's wait for the row lock; NOW is the statement's start).
             renew=(
-                f"UPDATE {t} SET lease_until = %s WHERE scope = %s AND `key` = %s"
-                " AND token = %s AND state = 'in_progress'"
+                f"UPDATE {t} SET lease_until = {WRITTEN_AT} + %s WHERE scope = %s"
+                " AND `key` = %s AND token = %s AND state = 'in_progress'"
+            ),
+            renewed=(
+                f"SELECT lease_until FROM {t} WHERE scope = %s AND `key` = %s AND token = %s"
+                " AND state = 'in_progress'"
             ),
             checkpoint=(
-                f"UPDATE {t} SET checkpoint = %s, updated_at = {NOW},"
-                f" lease_until = coalesce({NOW} + %s, lease_until)"
+                f"UPDATE {t} SET checkpoint = %s, updated_at = {WRITTEN_AT},"
+                f" lease_until = coalesce({WRITTEN_AT} + %s, lease_until)"
                 " WHERE scope = %s AND `key` = %s AND token = %s AND state = 'in_progress'"
             ),
         )

@@ -134,20 +134,33 @@ def _update(source: str) -> str:
     )
 
 
+# A holder's lease runs from when its write happens. Both n.ts and a clock_timestamp()
+# in SET are read before the UPDATE waits for a row lock (a lock that is released with
+# the row unchanged is not re-evaluated), so a renewal queued behind a long transaction
+# would be born already spent. The holder's row is locked first (``lk``: its own
+# parameters scope, key, token), and the lease is read from the clock after that.
+def _held_row(source: str) -> str:
+    guard = " AND EXISTS (SELECT 1 FROM cfg)" if "cfg" in source else ""  # bound first
+    return (
+        "(SELECT l.scope, l.key FROM {t} AS l WHERE l.scope = %s AND l.key = %s "
+        f"AND l.token = %s AND l.state = 'in_progress'{guard} FOR UPDATE) AS lk"
+    )
+
+
 def _renew(source: str) -> str:
     return (
-        "UPDATE {t} AS r SET lease_until = n.ts + make_interval(secs => %s) "
-        f"FROM {source} WHERE r.scope = %s AND r.key = %s AND r.token = %s "
-        "AND r.state = 'in_progress' RETURNING date_part('epoch', r.lease_until)"
+        "UPDATE {t} AS r SET lease_until = clock_timestamp() + make_interval(secs => %s) "
+        f"FROM {source}, {_held_row(source)} WHERE r.scope = lk.scope AND r.key = lk.key "
+        "AND r.token = %s AND r.state = 'in_progress' RETURNING date_part('epoch', r.lease_until)"
     )
 
 
 def _checkpoint(source: str) -> str:
     return (
-        "UPDATE {t} AS r SET checkpoint = %s, updated_at = n.ts, "
-        "lease_until = coalesce(n.ts + make_interval(secs => %s), r.lease_until) "
-        f"FROM {source} WHERE r.scope = %s AND r.key = %s AND r.token = %s "
-        "AND r.state = 'in_progress' RETURNING 1"
+        "UPDATE {t} AS r SET checkpoint = %s, updated_at = clock_timestamp(), "
+        "lease_until = coalesce(clock_timestamp() + make_interval(secs => %s), r.lease_until) "
+        f"FROM {source}, {_held_row(source)} WHERE r.scope = lk.scope AND r.key = lk.key "
+        "AND r.token = %s AND r.state = 'in_progress' RETURNING 1"
     )
 
 

@@ -285,13 +285,17 @@ class MySQLSession:
 
     def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
         """Extend the ``in_progress`` claim held under ``token``; the new ``lease_until``."""
-        cur = self._run(f"SELECT {NOW}", (), scope, key)
-        now = cur.fetchone()
-        until = float(now[0]) + float(lease_seconds)
         cur = self._run(
-            self._bounded(self._q.renew, scope, key), (until, scope, key, token), scope, key
+            self._bounded(self._q.renew, scope, key),
+            (float(lease_seconds), scope, key, token),
+            scope,
+            key,
         )
-        return until if cur.rowcount == 1 else None
+        if cur.rowcount != 1:
+            return None
+        cur = self._run(self._q.renewed, (scope, key, token), scope, key)
+        row = cur.fetchone()
+        return None if row is None else float(row[0])
 
     def save_checkpoint(
         self, scope: str, key: str, token: int, checkpoint: str, lease_seconds: float | None = None

@@ -200,7 +200,7 @@ class Psycopg2Session:
         return _written(scope, key, write, row[0], row[0])
 
     def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
-        params = (float(lease_seconds), scope, key, token)
+        params = (float(lease_seconds), scope, key, token, token)
         row = self._run(self._q.renew, params, scope, key).fetchone()
         return None if row is None else cast("float | None", row[0])
 
@@ -209,7 +209,7 @@ class Psycopg2Session:
     ) -> bool:
         lease = None if lease_seconds is None else float(lease_seconds)
         row = self._run(
-            self._q.checkpoint, (checkpoint, lease, scope, key, token), scope, key
+            self._q.checkpoint, (checkpoint, lease, scope, key, token, token), scope, key
         ).fetchone()
         return row is not None and row[0] is not None
 

@@ -392,7 +392,7 @@ class PostgresSession:
 
     def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
         """Extend the ``in_progress`` claim held under ``token``; the new ``lease_until``."""
-        params = (float(lease_seconds), scope, key, token)
+        params = (float(lease_seconds), scope, key, token, token)
         cur = self._run(self._q.renew, params, scope, key)
         row = cur.fetchone()
         return None if row is None else cast("float | None", row[0])
@@ -403,7 +403,9 @@ class PostgresSession:
         """Store ``checkpoint`` on the ``in_progress`` claim held under ``token``; with
         ``lease_seconds`` the lease is extended too (a checkpoint is a sign of life)."""
         lease = None if lease_seconds is None else float(lease_seconds)
-        cur = self._run(self._q.checkpoint, (checkpoint, lease, scope, key, token), scope, key)
+        cur = self._run(
+            self._q.checkpoint, (checkpoint, lease, scope, key, token, token), scope, key
+        )
         row = cur.fetchone()
         return row is not None and row[0] is not None
 

@@ -391,7 +391,7 @@ class AsyncPostgresSession:
 
     async def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
         """Extend the ``in_progress`` claim held under ``token``; the new ``lease_until``."""
-        params = (float(lease_seconds), scope, key, token)
+        params = (float(lease_seconds), scope, key, token, token)
         cur = await self._run(self._q.renew, params, scope, key)
         row = await cur.fetchone()
         return None if row is None else cast("float | None", row[0])
@@ -403,7 +403,7 @@ class AsyncPostgresSession:
         ``lease_seconds`` the lease is extended too (a checkpoint is a sign of life)."""
         lease = None if lease_seconds is None else float(lease_seconds)
         cur = await self._run(
-            self._q.checkpoint, (checkpoint, lease, scope, key, token), scope, key
+            self._q.checkpoint, (checkpoint, lease, scope, key, token, token), scope, key
         )
         row = await cur.fetchone()
         return row is not None and row[0] is not None

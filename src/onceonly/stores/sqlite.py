@@ -183,23 +183,47 @@ class SQLiteSession:
             raise _translate(exc) from exc
         return _record(row) if row else None
 
-    def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
-        now = self._store.clock()
+    @contextmanager
+    def _write_lock(self) -> Iterator[None]:
+        """Hold the database's write lock around a holder's lease write.
+
+        A lease runs from when its write happens: in autocommit the statement would wait
+        for the lock (busy timeout) after the clock was read, and a renewal queued behind
+        a long transaction would be born already spent. In a transaction the lock is
+        held already.
+        """
+        if self._conn.in_transaction:
+            yield
+            return
+        with _errors(begin=True):
+            self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.rollback()
+            raise
         with _errors():
-            row = self._conn.execute(
-                self._store._q["renew"], (now + lease_seconds, now, scope, key, token)
-            ).fetchone()
+            self._conn.commit()
+
+    def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
+        with self._write_lock():
+            now = self._store.clock()
+            with _errors():
+                row = self._conn.execute(
+                    self._store._q["renew"], (now + lease_seconds, now, scope, key, token)
+                ).fetchone()
         return float(row[0]) if row else None
 
     def save_checkpoint(
         self, scope: str, key: str, token: int, checkpoint: str, lease_seconds: float | None = None
     ) -> bool:
-        now = self._store.clock()
-        until = None if lease_seconds is None else now + lease_seconds
-        with _errors():
-            row = self._conn.execute(
-                self._store._q["checkpoint"], (checkpoint, until, now, scope, key, token)
-            ).fetchone()
+        with self._write_lock():
+            now = self._store.clock()
+            until = None if lease_seconds is None else now + lease_seconds
+            with _errors():
+                row = self._conn.execute(
+                    self._store._q["checkpoint"], (checkpoint, until, now, scope, key, token)
+                ).fetchone()
         return row is not None
 
 

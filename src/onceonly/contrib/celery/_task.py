@@ -263,7 +263,7 @@ def idempotent_task(
         ttl=None if ttl is None else seconds(ttl, what="ttl"),
         lease=seconds(lease, what="lease"),
         max_attempts=max_attempts,
-        wait=seconds(wait, what="wait", allow_inf=True),
+        wait=seconds(wait, what="wait", allow_inf=True, allow_zero=True),
         cache_errors=cache_errors,
         max_result_bytes=max_result_bytes,
         listeners=tuple(listeners),
