@@ -133,7 +133,7 @@ def _examples(r: Result, f: Findings) -> list[str]:
 def _overtime(r: Result) -> str:
     if r.overtime <= 0:
         return ""
-    return f"; the drain ran {r.overtime:.1f}s past it, still progressing"
+    return f"; the drain ran {r.overtime:.1f}s past its planned end, progressing"
 
 
 def _why_not_quiescent(r: Result) -> str:
