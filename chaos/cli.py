@@ -92,9 +92,26 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
         default=d.terminate_roles,
         help="comma-separated roles whose backends pg_terminate_backend hits",
     )
-    add("--seconds", type=_number(1.0), default=d.seconds, help="global deadline of the run")
+    add(
+        "--seconds",
+        type=_number(1.0),
+        default=d.seconds,
+        help="the planned length of the run; past it the drain waits only while the"
+        " pipeline progresses",
+    )
+    add(
+        "--max-seconds",
+        type=_number(1.0),
+        default=d.max_seconds,
+        help="the absolute cap of the run (default: 3 x --seconds)",
+    )
     add("--settle", type=seconds, default=d.settle, help="quiet seconds that mean quiescence")
-    add("--stall", type=seconds, default=d.stall, help="stop faulting after this long stuck")
+    add(
+        "--stall",
+        type=seconds,
+        default=d.stall,
+        help="seconds without progress that end the faults, and the drain past --seconds",
+    )
     add("--seed", type=count, default=d.seed)
     add(
         "--amqp",

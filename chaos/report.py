@@ -130,6 +130,22 @@ def _examples(r: Result, f: Findings) -> list[str]:
     return lines
 
 
+def _overtime(r: Result) -> str:
+    if r.overtime <= 0:
+        return ""
+    return f"; the drain ran {r.overtime:.1f}s past its planned end, progressing"
+
+
+def _why_not_quiescent(r: Result) -> str:
+    o = r.options
+    if r.drain_end == "stalled":
+        return f"nothing progressed for {o.stall:g}s after the deadline"
+    if r.drain_end == "cap":
+        cap = max(o.seconds, o.max_seconds or 3 * o.seconds)
+        return f"still progressing at the absolute cap ({cap:g}s)"
+    return "the drain did not finish"
+
+
 def render(r: Result) -> str:
     """The summary: parameters, rates, faults by kind, what is left, the verdict."""
     o = r.options
@@ -141,8 +157,8 @@ def render(r: Result) -> str:
         f" RabbitMQ -> {o.consumers} consumers x {o.concurrency} -> effects",
         f"  time        {s.get('total', 0):.1f}s: setup {s.get('setup', 0):.1f}, faults"
         f" {s.get('faults', 0):.1f}, drain {s.get('drain', 0):.1f}, stop {s.get('stop', 0):.1f},"
-        f" check {s.get('check', 0):.1f} (deadline {o.seconds:g}s)"
-        + ("" if r.quiescent else "; NOT QUIESCENT at the deadline"),
+        f" check {s.get('check', 0):.1f} (deadline {o.seconds:g}s{_overtime(r)})"
+        + ("" if r.quiescent else f"; NOT QUIESCENT: {_why_not_quiescent(r)}"),
         f"  faults      {_faults_line(r)}",
         f"  own exits   {_exits_line(r)}",
     ]
@@ -197,6 +213,8 @@ def to_json(r: Result) -> dict[str, Any]:
         "error": r.error,
         "seconds": r.seconds,
         "quiescent": r.quiescent,
+        "drain_end": r.drain_end,
+        "overtime": r.overtime,
         "faults": r.faults,
         "kills": r.kills,
         "backends_terminated": r.backends_terminated,

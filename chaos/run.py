@@ -13,14 +13,19 @@
 3. **Drain**: no more faults; crashed processes are replaced at once. The run waits
    for quiescence: producers finished, every process up, nothing pending in the
    outboxes, nothing ready in the queue, and no counter moving for ``settle`` seconds.
+   The drain is planned to end by the deadline (``seconds``), but it follows the
+   pipeline's progress, not the clock (:mod:`chaos.headway`): past the deadline it
+   keeps waiting while the pipeline makes headway, and gives up only when nothing
+   progressed for ``stall`` seconds, or at the absolute cap (``max_seconds``). On a
+   loaded machine the run takes longer instead of reporting slow messages as stuck.
 4. **Stop**: relays and consumers get SIGTERM (a graceful stop; consumers settle what
    they hold and close their channels, so an unacknowledged delivery returns to the
    queue); what does not stop in time is killed and reported.
 5. **Check** (:mod:`chaos.checker`) and the summary (:mod:`chaos.report`).
 
-Every loop is bounded by the global deadline (``seconds``): the run always ends by
-itself, with a verdict. Whatever happens, the processes are killed, the queues deleted
-and the cluster stopped and removed.
+Every loop is bounded by the absolute cap (``max_seconds``, default three times
+``seconds``): the run always ends by itself, with a verdict. Whatever happens, the
+processes are killed, the queues deleted and the cluster stopped and removed.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import psycopg
 import onceonly
 from chaos.checker import Findings, check, examples_of, read_queue
 from chaos.faults import KINDS, Faults
+from chaos.headway import Headway
 from chaos.monitor import Monitor, Sample
 from chaos.pgcluster import PgCluster, find_bindir
 from chaos.spec import ECHO_OUTBOX, OUTBOX, RECORDS, SCHEMA, Spec
@@ -78,6 +84,7 @@ class Options:
     kill_roles: tuple[str, ...] = ("consumer", "relay", "producer")
     terminate_roles: tuple[str, ...] = ("consumer",)
     seconds: float = 3600.0
+    max_seconds: float | None = None  # the absolute cap; None: 3 * seconds
     settle: float = 3.0
     stall: float = 20.0
     seed: int = 1
@@ -100,6 +107,8 @@ class Result:
     produced_after: float | None = None  # seconds from start until producers were done
     consumed_after: float | None = None  # ... until every order had its effect
     quiescent: bool = False
+    drain_end: str = ""  # "quiescent", "stalled" (no headway for `stall` s) or "cap"
+    overtime: float = 0.0  # seconds the drain ran past the planned deadline, progressing
     stragglers: list[str] = field(default_factory=list)
     faults: dict[str, int] = field(default_factory=dict)
     kills: dict[str, int] = field(default_factory=dict)
@@ -195,17 +204,25 @@ async def _faults_phase(
 
 async def _drain_phase(
     o: Options, pool: Pool, faults: Faults, monitor: Monitor, progress: _Progress,
-    result: Result, t0: float, until: float,
+    result: Result, t0: float, until: float, cap: float,
 ) -> None:  # fmt: skip
+    """Wait for quiescence: by ``until`` if the pipeline is that fast; past it while it
+    makes headway; never past ``cap``."""
     last_sample = 0.0
     stable_since = time.monotonic()
     signature: tuple[Any, ...] | None = None
-    while time.monotonic() < until:
+    headway = Headway(o.stall, stable_since)
+    while True:
         now = time.monotonic()
+        if now >= cap or (now >= until and headway.stalled(now)):
+            result.drain_end = "cap" if now >= cap else "stalled"
+            result.overtime = max(0.0, now - until)
+            return
         pool.tick(now)
         if now - last_sample >= SAMPLE_EVERY / 2:
             last_sample = now
             sample = await monitor.sample()
+            headway.observe(sample, now)
             progress.show("drain", sample, faults, pool)
             done = pool.producers_done()
             if done and result.produced_after is None:
@@ -234,6 +251,8 @@ async def _drain_phase(
                 and now - stable_since >= o.settle
             ):
                 result.quiescent = True
+                result.drain_end = "quiescent"
+                result.overtime = max(0.0, now - until)
                 return
         await asyncio.sleep(TICK)
 
@@ -248,6 +267,7 @@ async def execute(options: Options, stream: TextIO | None = None) -> Result:
     out = stream if stream is not None else sys.stderr
     begin = time.monotonic()
     deadline = begin + o.seconds
+    cap = begin + max(o.seconds, o.max_seconds or 3 * o.seconds)
     stop_reserve = min(45.0, 0.15 * o.seconds)
     drain_reserve = min(90.0, 0.2 * o.seconds)
     bindir = find_bindir(o.pg_bindir)
@@ -311,7 +331,10 @@ async def execute(options: Options, stream: TextIO | None = None) -> Result:
         await _faults_phase(o, pool, faults, monitor, progress, result, t0, fault_until)
         t1 = time.monotonic()
         result.seconds["faults"] = t1 - t0
-        await _drain_phase(o, pool, faults, monitor, progress, result, t0, deadline - stop_reserve)
+        await _drain_phase(
+            o, pool, faults, monitor, progress, result, t0,
+            deadline - stop_reserve, cap - stop_reserve,
+        )  # fmt: skip
         t2 = time.monotonic()
         result.seconds["drain"] = t2 - t1
         await monitor.close()

@@ -9,8 +9,15 @@ exit status. Add a sub-command by adding a :class:`Command`. Every sub-command t
 Errors print as one line (``onceonly COMMAND: error: …``) plus a hint line; the
 traceback only with ``-v``. Exit statuses (:data:`EXIT_STATUSES`): 0 success, 1 the
 command ran and failed (or an unexpected internal error), 2 usage or configuration
-errors (a bad option, URL, missing extra or migration), 3 the store or broker is
-unavailable, 130 interrupted (Ctrl-C).
+errors, 3 the store or broker cannot be reached right now, 130 interrupted (Ctrl-C).
+
+2 and 3 tell a supervisor whether to retry: 2 is every
+:class:`~onceonly.ConfigurationError` (a bad option or URL, a missing SQLite file, a
+database that does not exist or a login the server refused:
+:class:`~onceonly.StoreMisconfigured`, tables not migrated, a missing extra), which the
+same command line will meet again; 3 is a transient :class:`~onceonly.StoreUnavailable`
+or :class:`~onceonly.BrokerUnavailable` (connection refused, a timeout, a server
+shutting down or starting up).
 """
 
 from __future__ import annotations
@@ -36,8 +43,10 @@ __all__ = ["COMMANDS", "EXIT_STATUSES", "Command", "CommandError", "build_parser
 EXIT_STATUSES: dict[int, str] = {
     0: "success",
     1: "the command ran and failed, or an unexpected internal error",
-    2: "usage or configuration error (bad option, URL, missing extra or migration)",
-    3: "the store or the broker is unavailable (retry later)",
+    2: "usage or configuration error: fix it, a retry meets it again (a bad option or"
+    " URL, no such SQLite file or database, login refused, not migrated, missing extra)",
+    3: "the store or the broker cannot be reached now (connection refused, timeout,"
+    " shutting down): retry later",
     130: "interrupted (Ctrl-C)",
 }
 _LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -191,7 +200,8 @@ COMMANDS: tuple[Command, ...] = (
         description=(
             "Create the records and outbox tables, or upgrade them to this version's"
             " schema; safe to repeat and to run from several hosts at once. The same as"
-            " store.migrate(). A SQLite file that does not exist is created."
+            " store.migrate(). A SQLite file that does not exist is created (the other"
+            " commands refuse one)."
         ),
         configure=_configure_migrate,
         run=_run_migrate,
@@ -290,7 +300,12 @@ def _common_options(defaults: bool) -> argparse.ArgumentParser:
 
 
 def _epilog() -> str:
-    lines = ["exit statuses:"] + [f"  {code:<4} {what}" for code, what in EXIT_STATUSES.items()]
+    import textwrap
+
+    lines = ["exit statuses:"] + [
+        textwrap.fill(what, 79, initial_indent=f"  {code:<4} ", subsequent_indent=" " * 7)
+        for code, what in EXIT_STATUSES.items()
+    ]
     return "\n".join(lines)
 
 
@@ -349,6 +364,7 @@ def _hint(exc: BaseException) -> str | None:
 
 
 def _status(exc: BaseException) -> int:
+    # first: StoreMisconfigured and NotMigrated are store errors too, but no retry helps
     if isinstance(exc, (ConfigurationError, CommandError)):
         return 2
     if isinstance(exc, (StoreUnavailable, BrokerUnavailable)):

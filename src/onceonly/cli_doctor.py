@@ -93,10 +93,10 @@ def _check_broker(broker: str, args: argparse.Namespace) -> list[Finding]:
 
 def run_doctor(args: argparse.Namespace) -> int:
     """Run every check; print each finding with what to do; 1 when any is a problem."""
-    from onceonly.open import open_store
+    from onceonly._cli_store import open_existing
 
     findings: list[Finding] = []
-    store = open_store(args.url, **({"table": args.table} if args.table else {}))
+    store = open_existing(args.url, args, **({"table": args.table} if args.table else {}))
     try:
         findings += check_store(store)
         if args.concurrency is not None:

@@ -12,7 +12,7 @@ import sys
 import urllib.parse
 from typing import Any
 
-from onceonly._cli_store import add_create_option, check_sqlite_exists
+from onceonly._cli_store import add_create_option, check_sqlite_exists, open_existing
 from onceonly._core.urls import redact_url
 from onceonly.errors import ConfigurationError
 from onceonly.messaging import AsyncPublisher
@@ -172,13 +172,11 @@ def configure_outbox(parser: argparse.ArgumentParser) -> None:
 
 
 def run_outbox(args: argparse.Namespace) -> int:
-    from onceonly.open import open_store
     from onceonly.outbox import Outbox
 
     if not args.url:
         raise ConfigurationError("onceonly outbox needs --url (the store holding the outbox)")
-    check_sqlite_exists(args.url, args)
-    store = open_store(args.url)
+    store = open_existing(args.url, args)
     try:
         outbox = Outbox(store, table=args.table)
         out = sys.stdout

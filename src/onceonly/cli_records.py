@@ -1,8 +1,14 @@
 # SPDX-License-Identifier: MIT
-"""``onceonly records``: retention, the reaper, inspection, redrive and delete (spec §8).
+r"""``onceonly records``: retention, the reaper, inspection, redrive and delete (spec §8).
 
 Exit statuses: 0 done; 1 nothing matched where something was named (``show``,
 ``redrive`` or ``delete`` of one record); 2 usage and configuration errors.
+
+``list`` (and ``redrive --dry-run``) print tab-separated rows under a header line
+(``--no-header`` drops it), in the fixed column order of :data:`LIST_COLUMNS`; values
+are whole, with backslash, tab, newline and carriage return escaped as ``\\``,
+``\t``, ``\n`` and ``\r`` so a row is always one line. ``--json`` prints one object
+per line instead.
 """
 
 from __future__ import annotations
@@ -16,11 +22,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from onceonly._core.admin import Query
+from onceonly._core.admin import Query, redrive_decision
 from onceonly._core.state import Record, State
 from onceonly.admin import Admin
 
-__all__ = ["ProgressBar", "configure_records", "parse_duration", "run_records"]
+__all__ = ["LIST_COLUMNS", "ProgressBar", "configure_records", "parse_duration", "run_records"]
+
+#: The columns of ``records list``, in their order (new columns are only ever appended).
+LIST_COLUMNS = ("scope", "key", "state", "attempts", "updated_at", "error")
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
@@ -95,6 +105,15 @@ def _url_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table", help="the records table (default: onceonly_records)")
 
 
+def _header_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-header",
+        dest="header",
+        action="store_false",
+        help="print the rows without the header line (for scripts)",
+    )
+
+
 def configure_records(parser: argparse.ArgumentParser) -> None:
     """Add the ``records`` actions and their options to ``parser``."""
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -155,6 +174,7 @@ def configure_records(parser: argparse.ArgumentParser) -> None:
         "--limit", type=_positive, default=100, help="the most records shown (default: 100)"
     )
     show_list.add_argument("--json", action="store_true", help="one JSON object per line")
+    _header_option(show_list)
 
     show = sub.add_parser(
         "show", help="show one record", description="Show every field of one record."
@@ -181,6 +201,12 @@ def configure_records(parser: argparse.ArgumentParser) -> None:
     )
     redrive.add_argument("--scope", dest="only_scope", help="every record of this scope")
     redrive.add_argument("--all", action="store_true", help="every scope")
+    redrive.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the records a redrive would touch and count them; change nothing",
+    )
+    _header_option(redrive)
 
     delete = sub.add_parser(
         "delete",
@@ -230,9 +256,9 @@ def record_json(record: Record, *, full: bool = False) -> dict[str, Any]:
 
 @contextmanager
 def _admin(args: argparse.Namespace) -> Iterator[Admin]:
-    from onceonly.open import open_store
+    from onceonly._cli_store import open_existing
 
-    store = open_store(args.url, **({"table": args.table} if args.table else {}))
+    store = open_existing(args.url, args, **({"table": args.table} if args.table else {}))
     try:
         yield Admin(store)
     finally:
@@ -267,6 +293,8 @@ def _redrive(admin: Admin, args: argparse.Namespace, out: TextIO) -> int:
     many = args.only_scope is not None or args.all
     if one == many or (one and (args.scope is None or args.key is None)):
         raise_usage("redrive takes SCOPE KEY, or --scope S, or --all")
+    if args.dry_run:
+        return _redrive_dry_run(admin, args, out, one=one)
     if one:
         if admin.redrive(args.scope, args.key) is None:
             sys.stderr.write(
@@ -279,6 +307,42 @@ def _redrive(admin: Admin, args: argparse.Namespace, out: TextIO) -> int:
     n = admin.redrive_all(state=State(args.state), scope=args.only_scope)
     out.write(f"redriven: {n}\n")
     return 0
+
+
+def _redrive_dry_run(admin: Admin, args: argparse.Namespace, out: TextIO, *, one: bool) -> int:
+    """Print the records ``redrive`` would touch, then their count; write nothing."""
+    if one:
+        record = admin.show(args.scope, args.key)
+        found = [] if record is None else [record]
+    else:
+        query = Query((State(args.state),), args.only_scope, limit=500)
+        found = list(admin.iter_records(query))
+    would = [r for r in found if redrive_decision(r, 0) is not None]
+    if args.header:
+        out.write("\t".join(LIST_COLUMNS) + "\n")
+    for record in would:
+        out.write(_row(record))
+    out.write(f"would redrive: {len(would)}\n")
+    if one and not would:
+        sys.stderr.write(
+            f"onceonly records: {args.scope} {args.key}: would not be redriven (absent, or"
+            " not dead or failed)\n"
+        )
+        return 1
+    return 0
+
+
+def _row(record: Record) -> str:
+    """One ``records list`` line: :data:`LIST_COLUMNS`, whole values, escaped."""
+    values = (
+        record.scope,
+        record.key,
+        record.state.value,
+        str(record.attempts),
+        _iso(record.updated_at) or "",
+        record.error or "",
+    )
+    return "\t".join(v.translate(_ESCAPES) for v in values) + "\n"
 
 
 def raise_usage(message: str) -> None:
@@ -313,17 +377,12 @@ def _reap(admin: Admin, args: argparse.Namespace, out: TextIO) -> int:
 def _list(admin: Admin, args: argparse.Namespace, out: TextIO) -> int:
     states = (State(args.state),) if args.state else ()
     query = Query(states, args.scope, args.older_than, limit=min(args.limit, 500))
+    if args.header and not args.json:
+        out.write("\t".join(LIST_COLUMNS) + "\n")
     for shown, record in enumerate(admin.iter_records(query)):
         if shown >= args.limit:
             break
-        if args.json:
-            out.write(json.dumps(record_json(record)) + "\n")
-        else:
-            error = (record.error or "").replace("\n", " ")[:60]
-            out.write(
-                f"{record.scope}\t{record.key}\t{record.state.value}\t{record.attempts}\t"
-                f"{_iso(record.updated_at)}\t{error}\n"
-            )
+        out.write(json.dumps(record_json(record)) + "\n" if args.json else _row(record))
     return 0
 
 

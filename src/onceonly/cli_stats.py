@@ -71,9 +71,9 @@ def stats_json(report: StatsReport, outbox: dict[str, int] | None = None) -> dic
 
 def run_stats(args: argparse.Namespace) -> int:
     """Run ``onceonly stats``; returns the exit status."""
-    from onceonly.open import open_store
+    from onceonly._cli_store import open_existing
 
-    store = open_store(args.url, **({"table": args.table} if args.table else {}))
+    store = open_existing(args.url, args, **({"table": args.table} if args.table else {}))
     try:
         report = Admin(store).stats(scope=args.scope, window=args.window)
         outbox = _outbox_counts(store)

@@ -12,6 +12,7 @@ The tree is organised by what the caller does next::
     │   └── InvalidPayload                   a payload without a canonical form: fix the producer
     ├── ConfigurationError    (ValueError)   bad URL, table name, option or missing extra
     │   ├── NotMigrated                      no tables yet: run store.migrate() (a StoreError too)
+    │   ├── StoreMisconfigured               no such database, login refused (StoreUnavailable too)
     │   └── UnsupportedEngine                open_store(engine): an engine no store works on
     ├── InFlight                             a live claim elsewhere: retry later / nack / 409
     ├── DeadLettered                         max_attempts reached: dead-letter it
@@ -49,6 +50,7 @@ __all__ = [
     "PublishError",
     "ReplayedError",
     "StoreError",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "TooLarge",
     "TransactionAborted",
@@ -284,6 +286,22 @@ class NotMigrated(ConfigurationError, StoreError):
 
 class StoreUnavailable(StoreError):
     """A transient store failure: connection lost, database busy, timeout. Retry."""
+
+
+class StoreMisconfigured(ConfigurationError, StoreUnavailable):
+    """The database server answered and refused this configuration: the database named
+    in the URL does not exist, or the login was refused (unknown user, wrong password,
+    no ``pg_hba.conf`` entry, no access to that database).
+
+    Fix the URL or the credentials, or create the database: retrying the same
+    configuration does not help, so the command line exits 2, not 3. It is also a
+    :class:`StoreUnavailable` (where it surfaced, as :class:`NotMigrated` is a
+    :class:`StoreError`): broker consumers and the relay wait for the fix with backoff,
+    counting no attempt, so no message is dead-lettered while a deployment's database is
+    being created or its credentials rotated.
+
+    .. versionadded:: 0.3
+    """
 
 
 class CorruptRecord(StoreError):

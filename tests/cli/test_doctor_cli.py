@@ -26,6 +26,7 @@ REDIS_URL = os.environ.get("ONCEONLY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
 def test_sqlite_not_migrated_then_migrated(tmp_path: Path) -> None:
     """A table never migrated is a problem with its fix; after migrate() all is well."""
+    (tmp_path / "d.db").touch()  # an existing database without tables (none: exit 2)
     url = f"sqlite:///{tmp_path / 'd.db'}"
     done = onceonly_cli("doctor", "--url", url)
     assert done.returncode == 1

@@ -155,8 +155,8 @@ class AsyncMySQLStore:
                     client_flag=CLIENT.FOUND_ROWS,
                     **_DRIVER_ARGS,
                 )
-        except StoreUnavailable as exc:
-            raise StoreUnavailable(
+        except StoreUnavailable as exc:  # StoreMisconfigured stays one (no such database)
+            raise type(exc)(
                 f"cannot connect to MariaDB/MySQL ({describe(self._args)}): {exc.__cause__}"
             ) from exc.__cause__
         try:

@@ -28,6 +28,7 @@ from onceonly.errors import (
     InFlight,
     NotMigrated,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
     TransactionEnded,
 )
@@ -52,6 +53,10 @@ _AUTOCOMMIT, _TRANSACTION, _JOINED = "autocommit", "transaction", "joined"
 # Error numbers (MariaDB and MySQL share them).
 _LOCK_WAIT_TIMEOUT = 1205
 _NO_SUCH_TABLE = 1146
+# The server refused the connection's configuration: access denied to the database
+# (1044), access denied (1045), unknown database (1049), an authentication plugin the
+# client cannot use (1251), access denied without a password (1698). No retry fixes them.
+_REFUSED = frozenset({1044, 1045, 1049, 1251, 1698})
 # Claims that found the row gone between the insert and the read (autocommit: purged).
 _CLAIM_RETRIES = 5
 _SAVEPOINTS = itertools.count(1)
@@ -105,6 +110,10 @@ class _DriverErrors:
                 f"a table of the store is missing; run store.migrate() first ({exc})",
                 scope=scope,
                 key=key,
+            )
+        if code in _REFUSED:
+            return StoreMisconfigured(
+                f"MariaDB/MySQL refused the configuration: {exc}", scope=scope, key=key
             )
         if isinstance(exc, (pymysql.err.OperationalError, pymysql.err.InterfaceError)):
             # Connection lost or refused, server gone away or shutting down, deadlock,

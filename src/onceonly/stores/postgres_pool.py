@@ -19,7 +19,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from onceonly.errors import StoreUnavailable
 from onceonly.stores._postgres_conninfo import _describe, _libpq_seconds
-from onceonly.stores._postgres_errors import _DriverErrors
+from onceonly.stores._postgres_errors import _DriverErrors, unavailable
 from onceonly.stores.postgres_session import _IDLE
 
 __all__ = ["PooledConnections"]
@@ -67,7 +67,7 @@ class PooledConnections:
                 conn: psycopg.Connection[Any] = self._pool.getconn(timeout=self.connect_timeout)
         except StoreUnavailable as exc:
             if isinstance(exc.__cause__, PoolTimeout):
-                raise StoreUnavailable(self._why_unreachable()) from None
+                raise self._why_unreachable() from None
             raise
         self._connected_once = True
         if conn.autocommit:  # a pool of the caller's may hand out a non-autocommit one
@@ -75,8 +75,10 @@ class PooledConnections:
                 self._detect_layout(conn)
         return conn
 
-    def _why_unreachable(self) -> str:
-        """Connect once, directly, to learn why the pool could not (no password shown)."""
+    def _why_unreachable(self) -> StoreUnavailable:
+        """Connect once, directly, to learn why the pool could not (no password shown):
+        :class:`~onceonly.StoreMisconfigured` when the server refused the database or
+        the login."""
         where = _describe(self.conninfo)
         try:
             conn = psycopg.Connection.connect(
@@ -84,9 +86,9 @@ class PooledConnections:
             )
         except psycopg.Error as exc:
             cause = " ".join(str(exc).split())
-            return f"cannot connect to PostgreSQL ({where}): {cause}"
+            return unavailable(f"cannot connect to PostgreSQL ({where}): {cause}", exc)
         conn.close()
-        return (
+        return StoreUnavailable(
             f"no connection to PostgreSQL ({where}) within {self.connect_timeout:g}s: the "
             "server answers now, but the pool could not connect in time (max_size, load?)"
         )

@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from onceonly.errors import StoreUnavailable
 from onceonly.stores._postgres_conninfo import _describe, _libpq_seconds
-from onceonly.stores._postgres_errors import _DriverErrors
+from onceonly.stores._postgres_errors import _DriverErrors, unavailable
 from onceonly.stores.postgres_session_async import _IDLE
 
 __all__ = ["AsyncPooledConnections"]
@@ -68,7 +68,7 @@ class AsyncPooledConnections:
                 )
         except StoreUnavailable as exc:
             if isinstance(exc.__cause__, PoolTimeout):
-                raise StoreUnavailable(await self._why_unreachable()) from None
+                raise await self._why_unreachable() from None
             raise
         self._connected_once = True
         if conn.autocommit:  # a pool of the caller's may hand out a non-autocommit one
@@ -76,8 +76,10 @@ class AsyncPooledConnections:
                 await self._detect_layout(conn)
         return conn
 
-    async def _why_unreachable(self) -> str:
-        """Connect once, directly, to learn why the pool could not (no password shown)."""
+    async def _why_unreachable(self) -> StoreUnavailable:
+        """Connect once, directly, to learn why the pool could not (no password shown):
+        :class:`~onceonly.StoreMisconfigured` when the server refused the database or
+        the login."""
         where = _describe(self.conninfo)
         try:
             conn = await psycopg.AsyncConnection.connect(
@@ -85,9 +87,9 @@ class AsyncPooledConnections:
             )
         except psycopg.Error as exc:
             cause = " ".join(str(exc).split())
-            return f"cannot connect to PostgreSQL ({where}): {cause}"
+            return unavailable(f"cannot connect to PostgreSQL ({where}): {cause}", exc)
         await conn.close()
-        return (
+        return StoreUnavailable(
             f"no connection to PostgreSQL ({where}) within {self.connect_timeout:g}s: the "
             "server answers now, but the pool could not connect in time (max_size, load?)"
         )
