@@ -23,6 +23,7 @@ from onceonly._core import codec
 from onceonly._core.fingerprint import fingerprint as fingerprint_of
 from onceonly._core.keys import validate_key
 from onceonly._core.state import Policy
+from onceonly._running import refuse_nested
 from onceonly.errors import ConfigurationError
 from onceonly.events import Listener
 from onceonly.leased import LeasedRunner
@@ -167,6 +168,7 @@ class _Idempotent:
 
             @functools.wraps(fn)
             async def awrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                refuse_nested(self.store, f"@idempotent {scope}")
                 key = validate_key(self.key(*args, **kwargs))
                 fp, arguments = self._fp(sig, names, args, kwargs)
                 result, _, _ = await arunner.run(key, fp, lambda: fn(*args, **kwargs), arguments)
@@ -177,6 +179,7 @@ class _Idempotent:
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+            refuse_nested(self.store, f"@idempotent {scope}")
             key = validate_key(self.key(*args, **kwargs))
             fp, arguments = self._fp(sig, names, args, kwargs)
             result, _, _ = runner.run(key, fp, lambda: fn(*args, **kwargs), arguments)

@@ -43,6 +43,7 @@ from onceonly._inbox_rules import (
     ended,
     is_own_mark,
 )
+from onceonly._running import inside_atomic_handler
 from onceonly._sqlalchemy import join
 from onceonly.errors import (
     ConfigurationError,
@@ -305,7 +306,8 @@ class Inbox:
                         tx = Tx(session, scope, key, attempt, delivery, self.outbox, joined)
                         started = _acompat.monotonic()
                         try:
-                            result = handler(payload, tx)
+                            with inside_atomic_handler(self.store):
+                                result = handler(payload, tx)
                             check_health(session.health(), scope, key)
                             encoded = codec.encode(result, max_bytes=self.max_result_bytes)
                             # The claim says completed with a null result and expires_at

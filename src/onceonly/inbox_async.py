@@ -42,6 +42,7 @@ from onceonly._inbox_rules import (
     ended,
     is_own_mark,
 )
+from onceonly._running import inside_atomic_handler
 from onceonly._sqlalchemy import join_async
 from onceonly.errors import (
     ConfigurationError,
@@ -304,7 +305,8 @@ class AsyncInbox:
                         tx = AsyncTx(session, scope, key, attempt, delivery, self.outbox, joined)
                         started = _acompat.monotonic()
                         try:
-                            result = await handler(payload, tx)
+                            with inside_atomic_handler(self.store):
+                                result = await handler(payload, tx)
                             check_health(session.health(), scope, key)
                             encoded = codec.encode(result, max_bytes=self.max_result_bytes)
                             # The claim says completed with a null result and expires_at

@@ -1,0 +1,50 @@
+# SPDX-License-Identifier: MIT
+"""Which store's atomic transaction the running handler is inside (docs/modes.md).
+
+A leased call (``@idempotent``) commits its record on a connection of its own. Made from
+inside an atomic handler on the **same** store, it needs a second connection while the
+handler holds one: SQLite's single writer waits for its own transaction, and a pool
+whose every connection is held by a handler waits for itself until the pool timeout, an
+outage the consumers retry for ever. Such a call is refused at once instead.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from onceonly.errors import ConfigurationError
+
+__all__ = ["inside_atomic_handler", "refuse_nested"]
+
+_store: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "onceonly_atomic_handler_store", default=None
+)
+
+
+@contextmanager
+def inside_atomic_handler(store: object) -> Iterator[None]:
+    """Mark the handler run in this context as inside ``store``'s atomic transaction."""
+    reset = _store.set(store)
+    try:
+        yield
+    finally:
+        _store.reset(reset)
+
+
+def refuse_nested(store: object, what: str) -> None:
+    """Raise if this context runs an atomic handler on ``store`` (see the module doc).
+
+    Raises:
+        ConfigurationError: ``what`` is a leased call on the store of the atomic
+            handler it runs in.
+    """
+    if _store.get() is store:
+        raise ConfigurationError(
+            f"{what} runs inside an atomic handler on the same store: its record would "
+            "need a second connection of that store while the handler holds one, which "
+            "deadlocks (SQLite's single writer, or a pool whose connections handlers "
+            "hold). Publish the effect with tx.publish() and run it in its own consumer, "
+            "or give the decorator a store of its own (another open_store(url))"
+        )
