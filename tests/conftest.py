@@ -22,6 +22,14 @@ PG_URL = os.environ.get("ONCEONLY_TEST_PG", "postgresql://postgres@127.0.0.1:543
 REDIS_URL = os.environ.get("ONCEONLY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 MYSQL_URL = os.environ.get("ONCEONLY_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test")
+# PgBouncer in front of PG_URL's server (scripts/services pgbouncer): transaction pooling
+# and session pooling, 4 server connections per database.
+PGBOUNCER_URL = os.environ.get(
+    "ONCEONLY_TEST_PGBOUNCER", "postgresql://postgres@127.0.0.1:6442/test"
+)
+PGBOUNCER_SESSION_URL = os.environ.get(
+    "ONCEONLY_TEST_PGBOUNCER_SESSION", "postgresql://postgres@127.0.0.1:6443/test"
+)
 
 
 def unavailable(what: str) -> None:
@@ -47,6 +55,26 @@ def require_postgres() -> str:
     if not _pg_ok:
         unavailable(f"PostgreSQL at {PG_URL}")
     return PG_URL
+
+
+_pgbouncer_ok: dict[str, bool] = {}
+
+
+def require_pgbouncer(url: str = PGBOUNCER_URL) -> str:
+    """``url`` (a PgBouncer in front of the test PostgreSQL), or skip / fail in CI."""
+    require_postgres()
+    if url not in _pgbouncer_ok:
+        try:
+            import psycopg
+
+            with psycopg.connect(url, connect_timeout=3, prepare_threshold=None) as conn:
+                conn.execute("SELECT 1")
+            _pgbouncer_ok[url] = True
+        except Exception:
+            _pgbouncer_ok[url] = False
+    if not _pgbouncer_ok[url]:
+        unavailable(f"PgBouncer at {url} (scripts/services pgbouncer)")
+    return url
 
 
 _redis_ok: bool | None = None
