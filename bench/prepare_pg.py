@@ -174,14 +174,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     False: [],
                 }
                 for side in sides:  # warm up: connections open, statements prepared
-                    measure(lambda i, s=side: s.run(workload, i), concurrency, 0.3, [])
+                    measure(lambda i, s=side, w=workload: s.run(w, i), concurrency, 0.3, [])
                 pids = sides[0].pids()  # both stores' backends: one side runs at a time
                 for r in range(args.rounds):
                     order = sides if r % 2 == 0 else sides[::-1]
                     for side in order:
                         results[side.prepare].append(
                             measure(
-                                lambda i, s=side: s.run(workload, i),
+                                lambda i, s=side, w=workload: s.run(w, i),
                                 concurrency,
                                 args.slice,
                                 pids,
