@@ -22,6 +22,14 @@ PG_URL = os.environ.get("ONCEONLY_TEST_PG", "postgresql://postgres@127.0.0.1:543
 REDIS_URL = os.environ.get("ONCEONLY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 MYSQL_URL = os.environ.get("ONCEONLY_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test")
+# PgBouncer in front of PG_URL's server (scripts/services pgbouncer): transaction pooling
+# and session pooling, 4 server connections per database.
+PGBOUNCER_URL = os.environ.get(
+    "ONCEONLY_TEST_PGBOUNCER", "postgresql://postgres@127.0.0.1:6442/test"
+)
+PGBOUNCER_SESSION_URL = os.environ.get(
+    "ONCEONLY_TEST_PGBOUNCER_SESSION", "postgresql://postgres@127.0.0.1:6443/test"
+)
 
 
 def unavailable(what: str) -> None:
@@ -47,6 +55,26 @@ def require_postgres() -> str:
     if not _pg_ok:
         unavailable(f"PostgreSQL at {PG_URL}")
     return PG_URL
+
+
+_pgbouncer_ok: dict[str, bool] = {}
+
+
+def require_pgbouncer(url: str = PGBOUNCER_URL) -> str:
+    """``url`` (a PgBouncer in front of the test PostgreSQL), or skip / fail in CI."""
+    require_postgres()
+    if url not in _pgbouncer_ok:
+        try:
+            import psycopg
+
+            with psycopg.connect(url, connect_timeout=3, prepare_threshold=None) as conn:
+                conn.execute("SELECT 1")
+            _pgbouncer_ok[url] = True
+        except Exception:
+            _pgbouncer_ok[url] = False
+    if not _pgbouncer_ok[url]:
+        unavailable(f"PgBouncer at {url} (scripts/services pgbouncer)")
+    return url
 
 
 _redis_ok: bool | None = None
@@ -142,13 +170,26 @@ def drop_pg_table(table: str) -> None:
 # "pgpart": PostgreSQL with the time-partitioned records table (migrate(partitioned=True)).
 # It runs in the directories of PARTITIONED_DIRS (the contract suite, races, admin, the
 # model); elsewhere its cases are deselected (see pytest_collection_modifyitems).
-STORE_KINDS = ["memory", "sqlite", "postgres", "pgpart", "mysql"]
-SQL_KINDS = ["sqlite", "postgres", "pgpart", "mysql"]
-PG_KINDS = ("postgres", "pgpart")
+# "pgbouncer": the default PostgreSQL store through transaction-mode PgBouncer
+# (PGBOUNCER_URL); it runs in PGBOUNCER_DIRS (the contract suite) only.
+STORE_KINDS = ["memory", "sqlite", "postgres", "pgpart", "pgbouncer", "mysql"]
+SQL_KINDS = ["sqlite", "postgres", "pgpart", "pgbouncer", "mysql"]
+PG_KINDS = ("postgres", "pgpart", "pgbouncer")
 # Stores for leased mode only (@idempotent): every store, plus Redis (no atomic mode).
 LEASED_KINDS = [*STORE_KINDS, "redis"]
 PARTITIONED_DIRS = ("contract", "races", "admin", "property", "crash")
 _NOT_PARTITIONED = ("test_not_migrated.py",)  # its tables must not exist yet
+PGBOUNCER_DIRS = ("contract", "outbox")
+
+
+def _deselected(params: Any, path: Path) -> bool:
+    """Whether a case of ``pgpart`` or ``pgbouncer`` runs outside its directories."""
+    kinds = {p for p in params if isinstance(p, str)}
+    if "pgpart" in kinds and (
+        path.parent.name not in PARTITIONED_DIRS or path.name in _NOT_PARTITIONED
+    ):
+        return True
+    return "pgbouncer" in kinds and path.parent.name not in PGBOUNCER_DIRS
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -156,10 +197,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         callspec = getattr(item, "callspec", None)
         params = callspec.params.values() if callspec is not None else ()
-        path = item.path
-        if any(p == "pgpart" for p in params if isinstance(p, str)) and (
-            path.parent.name not in PARTITIONED_DIRS or path.name in _NOT_PARTITIONED
-        ):
+        if _deselected(params, item.path):
             drop.append(item)
         else:
             keep.append(item)
@@ -189,6 +227,7 @@ class StoreFactory:
             "sqlite": f"sqlite:///{tmp_path / 'onceonly.db'}",
             "postgres": PG_URL,
             "pgpart": PG_URL,
+            "pgbouncer": PGBOUNCER_URL,
             "redis": REDIS_URL,
             "mysql": MYSQL_URL,
         }[kind]
@@ -201,6 +240,8 @@ class StoreFactory:
     def __call__(self, **options: Any) -> Any:
         if self.kind in PG_KINDS:
             require_postgres()
+        if self.kind == "pgbouncer":
+            require_pgbouncer(PGBOUNCER_URL)
         if self.kind == "mysql":
             require_mysql()
         if self.kind == "pgpart" and not self._opened:
@@ -295,6 +336,8 @@ async def _async_store(kind: str, tmp_path: Path) -> AsyncIterator[Any]:
     table = unique_table()
     if kind in PG_KINDS:
         require_postgres()
+    if kind == "pgbouncer":
+        require_pgbouncer(PGBOUNCER_URL)
     if kind == "pgpart":
         create_partitioned(table)
     if kind == "redis":
@@ -306,6 +349,7 @@ async def _async_store(kind: str, tmp_path: Path) -> AsyncIterator[Any]:
         "sqlite": f"sqlite:///{tmp_path / 'onceonly.db'}",
         "postgres": PG_URL,
         "pgpart": PG_URL,
+        "pgbouncer": PGBOUNCER_URL,
         "redis": REDIS_URL,
         "mysql": MYSQL_URL,
     }[kind]

@@ -93,7 +93,7 @@ def store_over(engine: Any, options: dict[str, Any]) -> Store:
         )
     kind = _kind(engine, _SYNC, "Engine")
     if kind == "postgresql":
-        _check(options, _OPTIONS | {"pipeline"})
+        _check(options, _OPTIONS | {"pipeline", "prepare"})
         from onceonly.stores.engine_pool import EngineConnections
         from onceonly.stores.postgres import PostgresStore
 
@@ -128,7 +128,7 @@ def async_store_over(engine: Any, options: dict[str, Any]) -> AsyncStore:
         )
     kind = _kind(engine, _ASYNC, "AsyncEngine")
     if kind == "postgresql":
-        _check(options, _OPTIONS | {"pipeline"})
+        _check(options, _OPTIONS | {"pipeline", "prepare"})
         from onceonly.stores.engine_pool_async import AsyncEngineConnections
         from onceonly.stores.postgres_async import AsyncPostgresStore
 

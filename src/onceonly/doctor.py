@@ -6,12 +6,14 @@ Each check returns :class:`Finding` objects saying what is wrong and what to do:
 * the records table is missing or at an older schema version (run ``migrate()``);
 * the database clock and this machine's differ (leases are on the database clock, but
   TTLs and deadlines chosen here are not);
-* PostgreSQL is reached through a transaction-pooling proxy (PgBouncer
-  ``pool_mode=transaction``): successive transactions of one connection land on
-  different server backends. A transaction stays on one backend (atomic mode holds), but
-  the store's prepared statements (psycopg prepares repeated statements) break unless
-  the proxy tracks them (PgBouncer >= 1.21 with ``max_prepared_statements``), and the
-  relay's ``LISTEN`` wake-ups are lost;
+* how PostgreSQL is reached: directly, through a pooler in session mode, or through
+  transaction pooling (PgBouncer ``pool_mode=transaction``), where successive
+  transactions of one connection run on different server backends. A transaction stays
+  on one backend (atomic mode holds); the store then prepares nothing (a prepared
+  statement would be missing or another client's in the next transaction) and the
+  relay polls instead of ``LISTEN``. A store forced to prepare (``prepare=True``) there
+  is a problem. Told apart with two connections (``behind_pooler`` and
+  ``transaction_pooling`` in ``onceonly.stores.postgres_pool``);
 * Redis evicts keys under memory pressure (``maxmemory-policy`` other than
   ``noeviction``): records or stream entries can vanish. For a Redis **store**,
   ``volatile-*`` passes with its cost stated (only completed records, which carry a TTL,
@@ -165,6 +167,8 @@ def _text(value: Any) -> str:
 
 
 def _check_postgres(store: Any) -> list[Finding]:
+    from onceonly.stores.postgres_pool import behind_pooler, transaction_pooling
+
     out: list[Finding] = []
     with store._connection(autocommit=True) as conn:
         before = time.time()
@@ -182,20 +186,42 @@ def _check_postgres(store: Any) -> list[Finding]:
             )
         else:
             out.append(_pass("clock", f"clock skew {skew:+.3f} s"))
-        pids = {conn.execute("SELECT pg_backend_pid()").fetchone()[0] for _ in range(8)}
-    if len(pids) > 1:
+        pooled = behind_pooler(conn)
+        if pooled:
+            with store._connection(autocommit=True) as other:
+                per_transaction = transaction_pooling(conn, other)
+    if not pooled:
+        out.append(_pass("pooling", "a direct connection to PostgreSQL (no pooler)"))
+    elif not per_transaction:
+        out.append(
+            _pass(
+                "pooling",
+                "a connection pooler in session mode (each client connection keeps its"
+                " server connection): LISTEN works; the store prepares nothing unless"
+                " prepare=True, which is safe here",
+            )
+        )
+    elif getattr(store, "prepare", None):
         out.append(
             Finding(
                 "pooling",
-                "successive statements of one connection ran on different backends:"
-                " a transaction-pooling proxy (PgBouncer pool_mode=transaction)",
-                "connect onceonly directly or through session pooling, or enable"
-                " PgBouncer >= 1.21 max_prepared_statements; LISTEN (relay wake-ups) needs"
-                " a direct connection either way",
+                "transaction pooling (PgBouncer pool_mode=transaction: each transaction on"
+                " any server connection) and the store prepares statements (prepare=True):"
+                " they fail, or run another client's statement, in the next transaction",
+                "drop prepare=True (the default prepares nothing behind a pooler), or run"
+                " PgBouncer >= 1.21 with max_prepared_statements",
             )
         )
     else:
-        out.append(_pass("pooling", "one backend per connection (no transaction pooling)"))
+        out.append(
+            _pass(
+                "pooling",
+                "transaction pooling (PgBouncer pool_mode=transaction: each transaction on"
+                " any server connection): the store prepares nothing and the outbox relay"
+                " polls instead of LISTEN; a connection you hand the store needs"
+                " prepare_threshold=None",
+            )
+        )
     return out
 
 

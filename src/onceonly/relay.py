@@ -13,7 +13,9 @@ Claiming (see ``_outbox_sql``): on PostgreSQL the batch is held with ``FOR UPDAT
 LOCKED`` in one transaction while it is published, so relays side by side never take
 the same rows; on SQLite it is leased. PostgreSQL relays sleep on LISTEN between polls
 (the insert trigger NOTIFYs); the poll still runs every ``poll_interval``, so a lost
-notification costs latency, never a message.
+notification costs latency, never a message. Through transaction pooling (PgBouncer
+``pool_mode=transaction``), where LISTEN cannot work, they poll with backoff instead
+(``relay_wake``), said once at start.
 
 ``stop()`` is graceful: the batch in hand is finished (published and settled), nothing
 new is claimed, and nothing is published half-way.
@@ -370,12 +372,13 @@ class Relay:
                             failures,
                         )
                         failures = 0
-                    if batch.published + batch.failed + batch.dead >= self.batch_size:
+                    found = batch.published + batch.failed + batch.dead
+                    if found >= self.batch_size:
                         continue  # more may be waiting
-                    self._idle(listener)
+                    self._idle(listener, busy=found > 0)
                 except StoreUnavailable as exc:
-                    close_listener(listener)
-                    listener = None  # reconnected, then a poll at once: NOTIFYs were lost
+                    # reconnected, then a poll at once: NOTIFYs were lost (polling stays)
+                    listener = close_listener(listener)
                     failures += 1
                     if failures == 1:
                         since = _acompat.monotonic()
@@ -408,9 +411,10 @@ class Relay:
                 return
             _acompat.sleep(min(remaining, 0.2))
 
-    def _idle(self, listener: Any) -> None:
-        """Wait up to ``poll_interval`` for a NOTIFY (or just sleep), waking for stop()."""
+    def _idle(self, listener: Any, *, busy: bool = False) -> None:
+        """Wait up to ``poll_interval`` for a NOTIFY (or just sleep; or, polling where
+        LISTEN cannot work, its backoff delay), waking for stop()."""
         if listener is None:
             self._pause(self.poll_interval)
             return
-        wait_for_notify(listener, self.poll_interval, lambda: self._stopping)
+        wait_for_notify(listener, self.poll_interval, lambda: self._stopping, busy=busy)

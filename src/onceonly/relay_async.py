@@ -12,7 +12,9 @@ Claiming (see ``_outbox_sql``): on PostgreSQL the batch is held with ``FOR UPDAT
 LOCKED`` in one transaction while it is published, so relays side by side never take
 the same rows; on SQLite it is leased. PostgreSQL relays sleep on LISTEN between polls
 (the insert trigger NOTIFYs); the poll still runs every ``poll_interval``, so a lost
-notification costs latency, never a message.
+notification costs latency, never a message. Through transaction pooling (PgBouncer
+``pool_mode=transaction``), where LISTEN cannot work, they poll with backoff instead
+(``relay_wake``), said once at start.
 
 ``stop()`` is graceful: the batch in hand is finished (published and settled), nothing
 new is claimed, and nothing is published half-way.
@@ -369,12 +371,13 @@ class AsyncRelay:
                             failures,
                         )
                         failures = 0
-                    if batch.published + batch.failed + batch.dead >= self.batch_size:
+                    found = batch.published + batch.failed + batch.dead
+                    if found >= self.batch_size:
                         continue  # more may be waiting
-                    await self._idle(listener)
+                    await self._idle(listener, busy=found > 0)
                 except StoreUnavailable as exc:
-                    await close_listener(listener)
-                    listener = None  # reconnected, then a poll at once: NOTIFYs were lost
+                    # reconnected, then a poll at once: NOTIFYs were lost (polling stays)
+                    listener = await close_listener(listener)
                     failures += 1
                     if failures == 1:
                         since = _acompat.monotonic()
@@ -407,9 +410,10 @@ class AsyncRelay:
                 return
             await _acompat.asleep(min(remaining, 0.2))
 
-    async def _idle(self, listener: Any) -> None:
-        """Wait up to ``poll_interval`` for a NOTIFY (or just sleep), waking for stop()."""
+    async def _idle(self, listener: Any, *, busy: bool = False) -> None:
+        """Wait up to ``poll_interval`` for a NOTIFY (or just sleep; or, polling where
+        LISTEN cannot work, its backoff delay), waking for stop()."""
         if listener is None:
             await self._pause(self.poll_interval)
             return
-        await wait_for_notify(listener, self.poll_interval, lambda: self._stopping)
+        await wait_for_notify(listener, self.poll_interval, lambda: self._stopping, busy=busy)

@@ -131,20 +131,31 @@ class PostgresStore(PooledConnections):
             first statement only for a remote server (that takes psycopg's
             ``pipeline()``, whose bookkeeping costs more than a loopback round trip).
             ``False``: ``BEGIN`` on its own, as the transaction starts.
+        prepare: prepare the store's statements on each connection. ``None`` (the
+            default): yes, unless the first connection shows a connection pooler in
+            front of PostgreSQL (PgBouncer in any pool mode; a transaction pooler runs
+            successive transactions on different server connections, where a prepared
+            statement is missing or another client's); then no, logged once at INFO.
+            ``True``: always (session pooling, PgBouncer >= 1.21 with
+            ``max_prepared_statements``; a pooler seen is logged as a warning).
+            ``False``: never. See docs/stores.md, "Behind PgBouncer".
 
     Attributes:
         url: the URL or conninfo the store was given.
         conninfo: the libpq connection string of its connections.
         table: the records table.
         outbox_table: the outbox table, or ``None``.
+        prepare: the ``prepare`` option as given.
 
     Raises:
-        ConfigurationError: a bad table name or neither a URL nor a pool.
+        ConfigurationError: a bad table name, a bad ``prepare``, or neither a URL nor a
+            pool.
 
     The pool is opened on first use (or by :meth:`open`; the sync store opens it at
     construction). The store is a context manager that closes it.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.3 ``prepare=``; nothing prepared behind a pooler by default.
     """
 
     atomic = True
@@ -162,12 +173,14 @@ class PostgresStore(PooledConnections):
         outbox_table: str | None = "onceonly_outbox",
         pipeline: bool | None = None,
         connect_timeout: float = 5.0,
+        prepare: bool | None = None,
     ) -> None:
         if not (isinstance(connect_timeout, (int, float)) and 0 < connect_timeout < 1e6):
             raise ConfigurationError(
                 f"connect_timeout must be a positive number of seconds, not {connect_timeout!r}"
             )
         self.connect_timeout = float(connect_timeout)
+        self._init_prepare(prepare)
         # until a connection has been handed out once, a checkout waits connect_timeout
         # (not the pool's timeout) and then says why the server cannot be reached
         self._connected_once = False
@@ -225,6 +238,7 @@ class PostgresStore(PooledConnections):
         table: str = "onceonly_records",
         outbox_table: str | None = "onceonly_outbox",
         pipeline: bool | None = None,
+        prepare: bool | None = None,
     ) -> PostgresStore:
         """A store on the caller's pool, which the store will not close.
 
@@ -233,11 +247,14 @@ class PostgresStore(PooledConnections):
             table: the records table.
             outbox_table: the outbox table (``None``: none).
             pipeline: see the class.
+            prepare: see the class.
 
         Returns:
             The store.
         """
-        return cls(table=table, pool=pool, outbox_table=outbox_table, pipeline=pipeline)
+        return cls(
+            table=table, pool=pool, outbox_table=outbox_table, pipeline=pipeline, prepare=prepare
+        )
 
     @property
     def pool(self) -> ConnectionPool[Any]:
