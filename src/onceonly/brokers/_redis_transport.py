@@ -226,6 +226,9 @@ class RedisStreamsTransport:
 
     # -- settling -------------------------------------------------------------------
 
+    async def widen(self) -> None:
+        """Nothing to widen: ``receive`` pulls only what the loop asks for."""
+
     def wake(self) -> None:
         """Nothing to wake: ``receive`` returns within its poll timeout."""
 
