@@ -108,7 +108,7 @@ class ConsumerLoop:
             raise ConfigurationError("batch_size > 1 needs an inbox in atomic mode (SQL store)")
         self.inbox = inbox
         self.handler = handler
-        self.ids = message_id if isinstance(message_id, MessageIds) else MessageIds(message_id)
+        self.ids = MessageIds.of(message_id)
         self.retry_delay = retry_delay
         self.max_backoff = max_backoff
         self.deliveries = Deliveries(

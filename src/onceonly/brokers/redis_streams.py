@@ -107,9 +107,11 @@ class RedisStreamsConsumer(ConsumerLoop):
             delivery, jittered, capped at ``max_backoff``). Transient store errors are
             retried in place on the same backoff.
         max_backoff: the longest such delay (default ``max(retry_delay, claim_idle)``).
-        message_id: a :class:`MessageIds`, or its fallback when an entry has no ``id``
-            field and no ``onceonly-message-id`` header: ``None``, ``"content"``, a
-            payload field name or a callable.
+        message_id: the inbox key. ``None``: the broker's id (the entry's ``id`` field).
+            ``"content"`` (a hash of the payload), a payload field name or a callable:
+            **that** is the key, over the broker's id.
+            :class:`~onceonly.brokers.MessageIds` ``(fallback=...)``: the broker's id
+            first, the fallback for a message without one.
         dead_letter: the dead-letter stream (default ``"<stream>.dead"``).
         shutdown_timeout: seconds ``stop()`` waits for running handlers.
         dedup_window: at start, when the inbox's ttl is shorter than the redelivery
