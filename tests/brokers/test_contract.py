@@ -492,3 +492,26 @@ async def test_message_ids_fallback_takes_the_broker_id_first(kit: Kit, store: A
         await eventually(lambda: _true(len(keys) == 3))
         await eventually(lambda: kit.settled())
     assert sorted(keys) == ["broker-1", "broker-2", "e-9"]
+
+
+# -- bodies --------------------------------------------------------------------------
+
+
+async def test_body_that_is_not_json_is_dead_lettered_as_undecodable(kit: Kit, store: Any) -> None:
+    """A body without a non-JSON content type that does not parse: dead-lettered with the
+    decode error, the handler never sees it; the next message runs."""
+    calls: list[Any] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        calls.append(payload)
+
+    await kit.send(body=b'{"id": 1, oops', message_id="m-bad")
+    await kit.send({"id": 2}, message_id="m-good")
+    async with kit.consumer(inbox(store), handler):
+        await eventually(lambda: dead_count(kit, 1))
+        await eventually(lambda: _true(len(calls) == 1))
+    [(body, headers)] = await kit.dead()
+    assert body == b'{"id": 1, oops'
+    assert headers["onceonly-dead-reason"] == "undecodable"
+    assert "JSONDecodeError" in headers["onceonly-error"]
+    assert calls == [{"id": 2}]

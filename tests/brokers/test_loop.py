@@ -211,3 +211,23 @@ def test_batch_settings_are_checked(store: Any) -> None:
     for bad in ({"batch_size": 0}, {"batch_wait": -1.0}):
         with pytest.raises(onceonly.ConfigurationError):
             consumer(store, MemoryBroker(), handler, **bad)
+
+
+async def test_a_body_with_a_non_json_content_type_reaches_the_handler_as_bytes() -> None:
+    """content-type application/octet-stream: the body is bytes, never parsed."""
+    store = onceonly.open_async_store("memory://")
+    broker = MemoryBroker()
+    got: list[Any] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        got.append(payload)
+
+    headers = {"content-type": "application/octet-stream"}
+    broker.send("in", body=b"\x00{not json", message_id="m-1", headers=headers)
+    inbox = onceonly.AsyncInbox(store, consumer="c")
+    async with MemoryConsumer(inbox, handler, broker=broker, queue="in"):
+        for _ in range(200):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+    assert got == [b"\x00{not json"]

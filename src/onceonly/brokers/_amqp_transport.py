@@ -179,6 +179,7 @@ class RabbitMQTransport:
             raw=message,
             label=message.message_id or f"delivery {message.delivery_tag}",
             redelivered=bool(message.redelivered),
+            content_type=message.content_type or None,
         )
 
     async def ack(self, d: Incoming) -> None:

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from onceonly._core.keys import content_key, validate_key
 from onceonly.errors import InvalidKey, MissingMessageId
 
-__all__ = ["MessageIds", "decode_body", "valid_id"]
+__all__ = ["MessageIds", "content_type_of", "decode_body", "is_json", "valid_id"]
 
 
 class MessageIds:
@@ -90,14 +90,31 @@ def valid_id(message_id: object) -> str:
     return key
 
 
-def decode_body(body: bytes) -> Any:
-    """JSON bodies decode to their value; anything else stays bytes.
+def decode_body(body: bytes, content_type: str | None = None) -> Any:
+    """The payload of a body: JSON unless its content type says otherwise.
 
-    A JSON document nested too deep for the decoder raises ``RecursionError``: the
-    consumer dead-letters it as ``undecodable`` (keeping it as bytes would only fail
-    later, when the inbox fingerprints it).
+    A body whose content type is not JSON (``application/octet-stream``, ``text/plain``…)
+    stays ``bytes``. Any other body (a JSON content type, or none) must be JSON: one that
+    does not parse raises, and the consumer dead-letters it as ``undecodable`` with the
+    decode error (on every broker). A JSON document nested too deep for the decoder
+    raises ``RecursionError`` and is dead-lettered the same way.
     """
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    if content_type and not is_json(content_type):
         return bytes(body)
+    return json.loads(body)
+
+
+def is_json(content_type: str) -> bool:
+    """``application/json`` or a ``+json`` type, parameters ignored."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def content_type_of(headers: Mapping[str, Any]) -> str | None:
+    """The ``content-type`` header (any case), when it is text."""
+    for name, value in headers.items():
+        if isinstance(name, str) and name.lower() == "content-type":
+            if isinstance(value, bytes):
+                return value.decode("utf-8", "replace")
+            return value if isinstance(value, str) else None
+    return None

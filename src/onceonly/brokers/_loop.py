@@ -61,6 +61,7 @@ from onceonly.brokers._consumer import (
     unexpected,
 )
 from onceonly.brokers._consumer_batch import run_batch
+from onceonly.brokers._ids import content_type_of
 from onceonly.brokers._leases import Leases
 from onceonly.brokers._transport import Incoming, Transport
 from onceonly.errors import BrokerUnavailable, ConfigurationError
@@ -388,6 +389,7 @@ class ConsumerLoop:
     def _prepare(self, d: Incoming) -> Settlement | Prepared:
         count = d.delivery_count
         redelivered = suspect(d)
+        kind = d.content_type or content_type_of(d.headers)
 
         def delivery(message_id: str) -> Delivery:
             return Delivery(
@@ -400,7 +402,7 @@ class ConsumerLoop:
             )
 
         return self.deliveries.prepare(
-            d.broker_id, lambda: decode_body(d.body), delivery, count, d.label
+            d.broker_id, lambda: decode_body(d.body, kind), delivery, count, d.label
         )
 
     async def _retry(self, d: Incoming, delay: float, stop: asyncio.Event) -> None:

@@ -26,6 +26,7 @@ class Incoming:
         raw: the client's message object (``tx.delivery.raw``).
         label: names the delivery in logs until its message id is known.
         redelivered: the broker's redelivery flag (default: ``delivery_count > 1``).
+        content_type: the body's content type (default: the ``content-type`` header).
     """
 
     broker_id: str | None
@@ -36,6 +37,7 @@ class Incoming:
     raw: Any
     label: str
     redelivered: bool | None = None
+    content_type: str | None = None
 
 
 class Transport(Protocol):
