@@ -231,3 +231,40 @@ async def test_a_body_with_a_non_json_content_type_reaches_the_handler_as_bytes(
                 break
             await asyncio.sleep(0.01)
     assert got == [b"\x00{not json"]
+
+
+@pytest.mark.parametrize("concurrency", [16, 10])
+async def test_concurrency_above_the_pool_is_warned_once_at_start(
+    concurrency: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Atomic inbox on PostgreSQL (pool of 10) under a consumer of 16 handlers: one
+    WARNING at start naming both numbers and the fix; none at 10, none on a restart."""
+    import logging
+
+    from tests.conftest import PG_URL, drop_pg_table, require_postgres, unique_table
+
+    require_postgres()
+    table = unique_table()
+    store = onceonly.open_async_store(PG_URL, table=table)
+    broker = MemoryBroker()
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        return None
+
+    try:
+        await store.migrate()
+        inbox = onceonly.AsyncInbox(store, consumer="c")
+        c = MemoryConsumer(inbox, handler, broker=broker, queue="in", concurrency=concurrency)
+        with caplog.at_level(logging.WARNING, logger="onceonly"):
+            for _ in range(2):  # a consumer that runs again does not warn again
+                async with c:
+                    pass
+    finally:
+        await store.close()
+        drop_pg_table(table)
+    warned = [r.getMessage() for r in caplog.records if "pool" in r.getMessage()]
+    if concurrency == 10:
+        assert warned == []
+    else:
+        [line] = warned
+        assert "16" in line and "10" in line and "max_size" in line

@@ -64,6 +64,7 @@ from onceonly.brokers._consumer_batch import run_batch
 from onceonly.brokers._ids import content_type_of
 from onceonly.brokers._leases import Leases
 from onceonly.brokers._transport import Incoming, Transport
+from onceonly.doctor import check_pool
 from onceonly.errors import BrokerUnavailable, ConfigurationError
 from onceonly.inbox_async import AsyncInbox
 from onceonly.inbox_leased_async import LEASED
@@ -139,6 +140,7 @@ class ConsumerLoop:
         self._task: asyncio.Task[None] | None = None
         self._random = random.Random()
         self._ran = self._stopped_early = False
+        self._pool_checked = False
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -164,6 +166,7 @@ class ConsumerLoop:
             await self.transport.open()
             bounds = await self.transport.bounds(self.deliveries.redeliveries_bound)
             self.deliveries.check_window(bounds, self.transport.where)
+            self._check_pool()
             if self.transport.extend_every:
                 extender = asyncio.ensure_future(self._extend_loop(self.transport.extend_every))
             self._started.set()
@@ -176,6 +179,19 @@ class ConsumerLoop:
                 done, self._done, self._stop = self._done, None, None
                 self._started = asyncio.Event()
                 done.set()
+
+    def _check_pool(self) -> None:
+        """Warn once when atomic handlers outnumber the store's pool connections (each
+        holds one for its whole run: the rest wait, then time out). The pool is the
+        caller's to size (it may serve other code), so it is not resized here."""
+        if self._pool_checked or getattr(self.inbox, "mode", None) == LEASED:
+            return
+        self._pool_checked = True
+        for finding in check_pool(self.inbox.store, self.concurrency):
+            if not finding.ok:
+                self._loop_log.warning(
+                    "%s: %s; %s", self.transport.where, finding.what, finding.fix
+                )
 
     async def stop(self) -> None:
         """Stop receiving, let running handlers finish and settle (up to
