@@ -4,7 +4,9 @@
 Run as ``python -m tests.brokers._crash_consumer '<json config>'``. The handler appends
 the delivery count to ``config["runs"]`` and then ends the process with ``os._exit(7)``
 (no cleanup, no rollback: in atomic mode nothing of the run commits, so the inbox's
-attempts never move). :func:`crash_loop` restarts it the way a supervisor would.
+attempts never move). With ``config["poison"]`` (a message id) only that message kills
+the worker; the others write their ledger row and return. ``batch_size`` and
+``batch_wait`` pass through. :func:`crash_loop` restarts it the way a supervisor would.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ EXIT_IN_HANDLER = 7
 def make_consumer(config: dict[str, Any], inbox: onceonly.AsyncInbox, handler: Any) -> Any:
     broker = config["broker"]
     limit: dict[str, Any] = {}
-    if config.get("max_deliveries") is not None:
-        limit["max_deliveries"] = config["max_deliveries"]
+    for option in ("max_deliveries", "batch_size", "batch_wait"):
+        if config.get(option) is not None:
+            limit[option] = config[option]
     if broker == "rabbitmq":
         from onceonly.brokers.rabbitmq import RabbitMQConsumer
 
@@ -72,6 +75,8 @@ async def main(config: dict[str, Any]) -> None:
 
     async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
         await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
+        if config.get("poison") not in (None, tx.key):
+            return
         count = tx.delivery.delivery_count if tx.delivery else None
         with open(config["runs"], "a", encoding="utf-8") as f:
             f.write(f"{count}\n")
@@ -88,17 +93,26 @@ def runs(path: Path) -> list[int | None]:
 
 
 async def crash_loop(
-    config: dict[str, Any], dead_letters: Callable[[], Awaitable[int]], timeout: float = 40.0
+    config: dict[str, Any],
+    dead_letters: Callable[[], Awaitable[int]],
+    timeout: float = 40.0,
+    *,
+    done: Callable[[], Awaitable[bool]] | None = None,
 ) -> list[int]:
-    """Start the worker, and again each time it dies, until a dead letter appears.
+    """Start the worker, and again each time it dies, until a dead letter appears (or
+    until ``done()`` says so).
 
     Returns the exit codes of the workers that died (each one in its handler).
     """
     deadline = time.monotonic() + timeout
     exits: list[int] = []
     proc: subprocess.Popen[bytes] | None = None
+
+    async def finished() -> bool:
+        return await done() if done is not None else bool(await dead_letters())
+
     try:
-        while not await dead_letters():
+        while not await finished():
             if time.monotonic() > deadline:
                 raise AssertionError(f"no dead letter after {len(exits)} crashes")
             if proc is not None and proc.poll() is not None:

@@ -446,3 +446,72 @@ async def test_batch_whose_store_fails_acks_nothing(kit: Kit, store: Any) -> Non
         await asyncio.sleep(0.2)
     assert sorted(calls) == ["m-1", "m-2", "m-3"]
     assert await kit.settled()
+
+
+# -- message ids ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["content", "event_id", "callable"])
+async def test_message_id_given_is_the_key_over_the_broker_id(
+    kit: Kit, store: Any, key: str
+) -> None:
+    """One body sent twice under two broker ids (a producer that gives every publish a
+    fresh id, as aio-pika does): a consumer keyed by content, a field or a callable
+    runs it once."""
+    keys: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        keys.append(tx.key)
+
+    option: Any = (lambda p: f"evt:{p['event_id']}") if key == "callable" else key
+    await kit.send({"event_id": "e-1"}, message_id="broker-1")
+    await kit.send({"event_id": "e-1"}, message_id="broker-2")
+    async with kit.consumer(inbox(store), handler, message_id=option):
+        await eventually(lambda: kit.settled())
+        await asyncio.sleep(0.3)
+    assert len(keys) == 1
+    assert keys[0] not in ("broker-1", "broker-2")
+    assert await kit.dead() == []
+
+
+async def test_message_ids_fallback_takes_the_broker_id_first(kit: Kit, store: Any) -> None:
+    """MessageIds(fallback=...): the broker's id first (two ids: two runs), the fallback
+    only for a message without one."""
+    from onceonly.brokers import MessageIds
+
+    keys: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        keys.append(tx.key)
+
+    await kit.send({"event_id": "e-1"}, message_id="broker-1")
+    await kit.send({"event_id": "e-1"}, message_id="broker-2")
+    await kit.send({"event_id": "e-9"})
+    ids = MessageIds(fallback="event_id")
+    async with kit.consumer(inbox(store), handler, message_id=ids):
+        await eventually(lambda: _true(len(keys) == 3))
+        await eventually(lambda: kit.settled())
+    assert sorted(keys) == ["broker-1", "broker-2", "e-9"]
+
+
+# -- bodies --------------------------------------------------------------------------
+
+
+async def test_body_that_is_not_json_is_dead_lettered_as_undecodable(kit: Kit, store: Any) -> None:
+    """A body without a non-JSON content type that does not parse: dead-lettered with the
+    decode error, the handler never sees it; the next message runs."""
+    calls: list[Any] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        calls.append(payload)
+
+    await kit.send(body=b'{"id": 1, oops', message_id="m-bad")
+    await kit.send({"id": 2}, message_id="m-good")
+    async with kit.consumer(inbox(store), handler):
+        await eventually(lambda: dead_count(kit, 1))
+        await eventually(lambda: _true(len(calls) == 1))
+    [(body, headers)] = await kit.dead()
+    assert body == b'{"id": 1, oops'
+    assert headers["onceonly-dead-reason"] == "undecodable"
+    assert "JSONDecodeError" in headers["onceonly-error"]
+    assert calls == [{"id": 2}]

@@ -211,3 +211,60 @@ def test_batch_settings_are_checked(store: Any) -> None:
     for bad in ({"batch_size": 0}, {"batch_wait": -1.0}):
         with pytest.raises(onceonly.ConfigurationError):
             consumer(store, MemoryBroker(), handler, **bad)
+
+
+async def test_a_body_with_a_non_json_content_type_reaches_the_handler_as_bytes() -> None:
+    """content-type application/octet-stream: the body is bytes, never parsed."""
+    store = onceonly.open_async_store("memory://")
+    broker = MemoryBroker()
+    got: list[Any] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        got.append(payload)
+
+    headers = {"content-type": "application/octet-stream"}
+    broker.send("in", body=b"\x00{not json", message_id="m-1", headers=headers)
+    inbox = onceonly.AsyncInbox(store, consumer="c")
+    async with MemoryConsumer(inbox, handler, broker=broker, queue="in"):
+        for _ in range(200):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+    assert got == [b"\x00{not json"]
+
+
+@pytest.mark.parametrize("concurrency", [16, 10])
+async def test_concurrency_above_the_pool_is_warned_once_at_start(
+    concurrency: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Atomic inbox on PostgreSQL (pool of 10) under a consumer of 16 handlers: one
+    WARNING at start naming both numbers and the fix; none at 10, none on a restart."""
+    import logging
+
+    from tests.conftest import PG_URL, drop_pg_table, require_postgres, unique_table
+
+    require_postgres()
+    table = unique_table()
+    store = onceonly.open_async_store(PG_URL, table=table)
+    broker = MemoryBroker()
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        return None
+
+    try:
+        await store.migrate()
+        inbox = onceonly.AsyncInbox(store, consumer="c")
+        c = MemoryConsumer(inbox, handler, broker=broker, queue="in", concurrency=concurrency)
+        with caplog.at_level(logging.WARNING, logger="onceonly"):
+            for _ in range(2):  # a consumer that runs again does not warn again
+                async with c:
+                    pass
+    finally:
+        await store.close()
+        drop_pg_table(table)
+    warned = [r.getMessage() for r in caplog.records if "pool" in r.getMessage()]
+    if concurrency == 10:
+        assert warned == []
+    else:
+        [line] = warned
+        assert "16" in line and "10" in line and "max_size" in line

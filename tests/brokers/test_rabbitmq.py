@@ -654,3 +654,34 @@ async def test_dedup_window_refuses_a_ttl_shorter_than_the_queue_message_ttl(
     )  # fmt: skip
     with pytest.raises(onceonly.ConfigurationError, match="x-message-ttl: 3600 s"):
         await asyncio.wait_for(c.run(), 10)
+
+
+@pytest.mark.parametrize("key", ["content", "event_id", "broker-first"])
+async def test_one_body_published_twice_by_aio_pika_runs_once(
+    broker: Broker, db: Db, key: str
+) -> None:
+    """aio-pika gives every publish a random message_id: a consumer keyed by content or
+    by a field runs one body published twice once (MessageIds(fallback=...), the
+    broker's id first, runs it twice: the ids differ)."""
+    from onceonly.brokers import MessageIds
+
+    queue = broker.name()
+    calls: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        calls.append(tx.key)
+        await tx.execute("INSERT INTO ledger (id) VALUES (?)", (tx.key,))
+
+    option: Any = MessageIds(fallback="event_id") if key == "broker-first" else key
+    channel = await broker.chan()
+    async with consumer(db, handler, queue, message_id=option):
+        for _ in range(2):  # a plain aio-pika producer, no message_id given
+            message = aio_pika.Message(onceonly_json({"event_id": "e-1", "amount": 5}))
+            await channel.default_exchange.publish(message, routing_key=queue)
+        await until(lambda: len(calls) >= (2 if key == "broker-first" else 1))
+        await until_count(broker, queue, 0)
+        await asyncio.sleep(0.3)
+    assert len(calls) == (2 if key == "broker-first" else 1)
+    assert len(set(calls)) == len(calls)
+    assert sorted(db.ledger()) == sorted(calls)
+    assert await broker.count(f"{queue}.dead") == 0

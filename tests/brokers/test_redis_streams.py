@@ -630,3 +630,38 @@ async def test_dedup_window_is_checked_at_start(
     await asyncio.wait_for(task, 10)
     warned = [r for r in caplog.records if "redelivery horizon" in r.getMessage()]
     assert len(warned) == (1 if policy == "warn" else 0)
+
+
+async def test_consumers_killed_long_ago_are_removed_from_the_group(
+    r: redis.asyncio.Redis, prefix: str, store: Any
+) -> None:
+    """Two members a SIGKILL left behind (default names, one with an entry still pending):
+    the idle one with nothing pending is deleted at start; the other once its entry was
+    taken over and processed. The running member stays."""
+    stream = f"{prefix}in"
+    await r.xgroup_create(stream, "g", id="0", mkstream=True)
+    await r.xadd(stream, {"id": "m-1", "payload": "{}"})
+    await r.xadd(stream, {"id": "m-2", "payload": "{}"})
+    [[_, [(done_id, _)]]] = await r.xreadgroup("g", "host-101", {stream: ">"}, count=1)
+    await r.xack(stream, "g", done_id)  # host-101 finished its work, then was killed
+    await r.xreadgroup("g", "host-102", {stream: ">"}, count=1)  # killed holding m-2
+    await asyncio.sleep(1.1)
+    calls: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        calls.append(tx.key)
+
+    async def members() -> set[str]:
+        return {c["name"].decode() for c in await r.xinfo_consumers(stream, "g")}
+
+    inbox = onceonly.AsyncInbox(store, consumer="svc")
+    c = consumer(r, inbox, handler, stream, claim_idle=0.5, forget_idle=1.0)
+    async with c:
+        await eventually(lambda: _is(members(), lambda m: "host-101" not in m))
+        await eventually(lambda: _is(members(), lambda m: m == {"c1"}), timeout=10)
+    assert calls == ["m-2"]
+    assert await pending(r, stream) == 0
+
+
+async def _is(value: Awaitable[Any], check: Callable[[Any], bool]) -> bool:
+    return check(await value)

@@ -80,6 +80,23 @@ def build(cfg: dict[str, Any]) -> Celery:
             raise self.retry(countdown=0.1, exc=RuntimeError(f"boom {n}"))
         return {"runs": n, "retries": self.request.retries}
 
+    @app.task(name="t.patient", shared=False, bind=True, max_retries=10)
+    @idempotent_task(store, key=lambda tag, fails: f"patient:{tag}")
+    def patient(self: Any, tag: str, fails: int) -> dict[str, Any]:
+        n = int(r.incr(f"{prefix}runs:{tag}"))
+        if n <= fails:
+            raise self.retry(countdown=0.05)
+        return {"runs": n, "retries": self.request.retries}
+
+    @app.task(name="t.patient_atomic", shared=False, bind=True, max_retries=10)
+    @idempotent_task(store, atomic=True)
+    def patient_atomic(self: Any, tx: Any, tag: str, fails: int) -> dict[str, Any]:
+        tx.execute(f"INSERT INTO {biz} (tag, n) VALUES (?, ?)", (tag, 1))
+        n = int(r.incr(f"{prefix}runs:{tag}"))
+        if n <= fails:
+            raise self.retry(countdown=0.05)
+        return {"runs": n, "retries": self.request.retries, "attempt": tx.attempt}
+
     @app.task(name="t.leased", shared=False, max_retries=10)
     @idempotent_task(store, lease=1.0, wait=0.2)
     def leased(tag: str, seconds: float) -> dict[str, Any]:

@@ -80,13 +80,14 @@ def test_the_same_task_id_twice_runs_once_on_two_workers_at_once(kit: Kit) -> No
     assert kit.app.AsyncResult(task_id).get(timeout=5) == tag
 
 
-def test_a_failing_task_is_counted_and_celery_retry_runs_it_again(kit: Kit) -> None:
-    """bind=True with a key function: self.retry() twice, then success; 3 runs, 1 result."""
+def test_celery_retry_runs_it_again_without_counting_an_attempt(kit: Kit) -> None:
+    """bind=True with a key function: self.retry() twice, then success; 3 runs, 1 result,
+    no failed attempt recorded (a Retry is not a failure)."""
     tag, task_id = uuid.uuid4().hex, str(uuid.uuid4())
     _send(kit, "t.flaky", tag, 2, task_id=task_id)
     result = kit.app.AsyncResult(task_id).get(timeout=15)
     assert result == {"runs": 3, "retries": 2}
-    assert kit.record("t.flaky", f"flaky:{tag}") == ("completed", 2)
+    assert kit.record("t.flaky", f"flaky:{tag}") == ("completed", 0)
     # the same call under another task id is the same key: replayed, not run
     again = str(uuid.uuid4())
     _send(kit, "t.flaky", tag, 2, task_id=again)
@@ -94,14 +95,29 @@ def test_a_failing_task_is_counted_and_celery_retry_runs_it_again(kit: Kit) -> N
     assert int(kit.redis.get(f"{kit.prefix}runs:{tag}") or 0) == 3
 
 
-def test_a_task_failing_max_attempts_times_is_dead(kit: Kit) -> None:
-    """Every failure is counted: the 6th retry finds the key dead and does not run."""
+@pytest.mark.parametrize("name", ["t.patient", "t.patient_atomic"])
+def test_max_retries_10_outlives_max_attempts_5(kit: Kit, name: str) -> None:
+    """max_retries=10, seven self.retry() calls: the task's own max_retries governs, the
+    8th run succeeds (max_attempts=5 is not consumed by retries)."""
     tag, task_id = uuid.uuid4().hex, str(uuid.uuid4())
-    _send(kit, "t.flaky", tag, 99, task_id=task_id)  # max_retries=5: 6 deliveries
-    with pytest.raises(onceonly.DeadLettered, match="failed 5 times"):
+    _send(kit, name, tag, 7, task_id=task_id)
+    result = kit.app.AsyncResult(task_id).get(timeout=30)
+    assert result["runs"] == 8 and result["retries"] == 7
+    key = f"patient:{tag}" if name == "t.patient" else task_id
+    assert kit.record(name, key) == ("completed", 0)
+    if name == "t.patient_atomic":
+        assert kit.rows(tag) == 1  # the retried runs' writes rolled back
+        assert result["attempt"] == 1
+
+
+def test_retries_running_out_is_one_counted_failure(kit: Kit) -> None:
+    """self.retry(exc=...) past max_retries raises exc: that failure is counted (once)."""
+    tag, task_id = uuid.uuid4().hex, str(uuid.uuid4())
+    _send(kit, "t.flaky", tag, 99, task_id=task_id)  # max_retries=5: 6 runs
+    with pytest.raises(RuntimeError, match="boom 6"):
         kit.app.AsyncResult(task_id).get(timeout=20)
-    assert kit.record("t.flaky", f"flaky:{tag}") == ("dead", 5)
-    assert int(kit.redis.get(f"{kit.prefix}runs:{tag}") or 0) == 5
+    assert kit.record("t.flaky", f"flaky:{tag}") == ("failed", 1)
+    assert int(kit.redis.get(f"{kit.prefix}runs:{tag}") or 0) == 6
 
 
 def _crash_and_redeliver_to_w1(

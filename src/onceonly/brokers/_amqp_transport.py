@@ -74,6 +74,7 @@ class RabbitMQTransport:
         self._accepting = False
         self._watch: asyncio.Task[None] | None = None
         self._channel_closed = False
+        self._window = 1
 
     async def open(self) -> None:
         if self.connection is None or self.connection.is_closed:
@@ -82,7 +83,10 @@ class RabbitMQTransport:
         conn = self.connection
         self._inbox = asyncio.Queue()
         self._channel = await conn.channel(publisher_confirms=False)
-        await self._channel.set_qos(prefetch_count=self.prefetch)
+        # a window of one until the loop widens it (a restart after a crash takes the
+        # redelivered messages one at a time: see ConsumerLoop)
+        self._window = 1
+        await self._channel.set_qos(prefetch_count=self._window)
         self._dl_channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
         if self.declare:
             typed: dict[str, Any] = {"x-queue-type": self.queue_type}
@@ -134,6 +138,21 @@ class RabbitMQTransport:
         self._channel_closed = True
         self._inbox.put_nowait(None)
 
+    async def widen(self) -> None:
+        """The full ``prefetch``: RabbitMQ applies a consumer's prefetch when it starts
+        consuming, so the subscription is cancelled and started again (what it holds
+        stays unacked on the channel)."""
+        queue, channel = self._queue, self._channel
+        if self._window == self.prefetch or queue is None or channel is None:
+            return
+        self._window = self.prefetch
+        if self._tag is not None:
+            await queue.cancel(self._tag)
+            self._tag = None
+        await channel.set_qos(prefetch_count=self.prefetch)
+        if self._accepting:
+            self._tag = await queue.consume(self._on_message, no_ack=False)
+
     def wake(self) -> None:
         self._inbox.put_nowait(None)
 
@@ -160,6 +179,7 @@ class RabbitMQTransport:
             raw=message,
             label=message.message_id or f"delivery {message.delivery_tag}",
             redelivered=bool(message.redelivered),
+            content_type=message.content_type or None,
         )
 
     async def ack(self, d: Incoming) -> None:

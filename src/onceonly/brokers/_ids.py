@@ -4,20 +4,27 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from onceonly._core.keys import content_key, validate_key
 from onceonly.errors import InvalidKey, MissingMessageId
 
-__all__ = ["MessageIds", "decode_body", "valid_id"]
+__all__ = ["MessageIds", "content_type_of", "decode_body", "is_json", "valid_id"]
 
 
 class MessageIds:
-    """Where a consumer takes a message's id from.
+    """Where a consumer takes a message's id (its inbox key) from.
 
-    The broker's own id (RabbitMQ ``message_id``, the ``Nats-Msg-Id`` header, the
-    stream entry's id field) comes first. Without it, ``fallback`` decides:
+    A consumer's ``message_id=`` option given as ``"content"``, a payload field name or a
+    callable **is** the key: it is used instead of the broker's id, so one body sent
+    twice by a producer that gives every publish a fresh id (aio-pika does) runs once.
+    ``message_id=None`` (the default) takes the broker's own id (RabbitMQ
+    ``message_id``, the ``Nats-Msg-Id`` header, the stream entry's ``id`` field, the
+    SQS ``onceonly-message-id`` attribute) and dead-letters a message without one.
+
+    ``MessageIds(fallback=...)`` takes the broker's id first and ``fallback`` only for
+    a message without one:
 
     * ``None`` — no fallback: :class:`~onceonly.MissingMessageId` (the message is
       dead-lettered with reason ``invalid-id``);
@@ -25,14 +32,40 @@ class MessageIds:
       message);
     * a ``str`` naming a top-level payload field, e.g. ``"event_id"``;
     * a callable ``payload -> str``.
+
+    Args:
+        fallback: the id of a message the broker gave none.
+        broker_first: ``False``: ``fallback`` always, the broker's id never (what a
+            consumer's plain ``message_id=`` option means).
+
+    .. versionadded:: 0.1
+    .. versionchanged:: 0.4 public as ``onceonly.brokers.MessageIds``; a consumer's
+       plain ``message_id=`` is the key, over the broker's id.
     """
 
-    def __init__(self, fallback: str | Callable[[Any], str] | None = None) -> None:
+    def __init__(
+        self, fallback: str | Callable[[Any], str] | None = None, *, broker_first: bool = True
+    ) -> None:
         self.fallback = fallback
+        self.broker_first = broker_first or fallback is None
+
+    @classmethod
+    def of(cls, option: MessageIds | str | Callable[[Any], str] | None) -> MessageIds:
+        """A consumer's ``message_id=`` option as a policy: a :class:`MessageIds` as it
+        is; ``"content"``, a field name or a callable as the key itself; ``None``: the
+        broker's id."""
+        if isinstance(option, MessageIds):
+            return option
+        return cls(option, broker_first=option is None)
 
     def resolve(self, broker_id: str | None, payload: Any) -> str:
-        """The message id; raises InvalidKey / MissingMessageId when there is none."""
-        if broker_id:
+        """The message id.
+
+        Raises:
+            InvalidKey: the id found is not a valid key.
+            MissingMessageId: there is none.
+        """
+        if broker_id and self.broker_first:
             return valid_id(broker_id)
         fb = self.fallback
         if fb is None:
@@ -45,9 +78,7 @@ class MessageIds:
         if isinstance(fb, str):
             value = payload.get(fb) if isinstance(payload, dict) else None
             if value is None:
-                raise MissingMessageId(
-                    f"the message has no broker id and no {fb!r} field in its payload"
-                )
+                raise MissingMessageId(f"the message has no {fb!r} field in its payload")
             return valid_id(str(value))
         return valid_id(fb(payload))
 
@@ -59,14 +90,31 @@ def valid_id(message_id: object) -> str:
     return key
 
 
-def decode_body(body: bytes) -> Any:
-    """JSON bodies decode to their value; anything else stays bytes.
+def decode_body(body: bytes, content_type: str | None = None) -> Any:
+    """The payload of a body: JSON unless its content type says otherwise.
 
-    A JSON document nested too deep for the decoder raises ``RecursionError``: the
-    consumer dead-letters it as ``undecodable`` (keeping it as bytes would only fail
-    later, when the inbox fingerprints it).
+    A body whose content type is not JSON (``application/octet-stream``, ``text/plain``…)
+    stays ``bytes``. Any other body (a JSON content type, or none) must be JSON: one that
+    does not parse raises, and the consumer dead-letters it as ``undecodable`` with the
+    decode error (on every broker). A JSON document nested too deep for the decoder
+    raises ``RecursionError`` and is dead-lettered the same way.
     """
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    if content_type and not is_json(content_type):
         return bytes(body)
+    return json.loads(body)
+
+
+def is_json(content_type: str) -> bool:
+    """``application/json`` or a ``+json`` type, parameters ignored."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def content_type_of(headers: Mapping[str, Any]) -> str | None:
+    """The ``content-type`` header (any case), when it is text."""
+    for name, value in headers.items():
+        if isinstance(name, str) and name.lower() == "content-type":
+            if isinstance(value, bytes):
+                return value.decode("utf-8", "replace")
+            return value if isinstance(value, str) else None
+    return None

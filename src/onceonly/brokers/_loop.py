@@ -18,6 +18,13 @@ flight). :class:`ConsumerLoop` owns everything else, the same for every broker:
 * batches (``batch_size`` > 1): deliveries already received are gathered (at most
   ``batch_wait`` after the first) into one ``inbox.process_batch`` transaction, then
   each is settled by its own outcome by the same rules (:mod:`._consumer_batch`);
+* isolation of a suspect: a redelivered delivery (it may have killed a worker) never
+  joins a batch, and a consumer that (re)starts is cautious: it receives one delivery
+  at a time, the next once the previous is settled, while they come redelivered (a push
+  transport opens with a window of one); the first fresh delivery widens the window
+  (``transport.widen()``). A crash then counts only the message that caused it, so only
+  the poison message reaches ``max_deliveries`` (docs/brokers.md, "A worker that
+  crashes");
 * lease extension: every ``transport.extend_every`` seconds, the deliveries in flight
   are extended in one call; with a leased inbox (one delivery at a time, no batches),
   only those whose lease, renewed in the same step, is still held (:mod:`._leases`);
@@ -54,8 +61,10 @@ from onceonly.brokers._consumer import (
     unexpected,
 )
 from onceonly.brokers._consumer_batch import run_batch
+from onceonly.brokers._ids import content_type_of
 from onceonly.brokers._leases import Leases
 from onceonly.brokers._transport import Incoming, Transport
+from onceonly.doctor import check_pool
 from onceonly.errors import BrokerUnavailable, ConfigurationError
 from onceonly.inbox_async import AsyncInbox
 from onceonly.inbox_leased_async import LEASED
@@ -101,7 +110,7 @@ class ConsumerLoop:
             raise ConfigurationError("batch_size > 1 needs an inbox in atomic mode (SQL store)")
         self.inbox = inbox
         self.handler = handler
-        self.ids = message_id if isinstance(message_id, MessageIds) else MessageIds(message_id)
+        self.ids = MessageIds.of(message_id)
         self.retry_delay = retry_delay
         self.max_backoff = max_backoff
         self.deliveries = Deliveries(
@@ -131,6 +140,7 @@ class ConsumerLoop:
         self._task: asyncio.Task[None] | None = None
         self._random = random.Random()
         self._ran = self._stopped_early = False
+        self._pool_checked = False
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -156,6 +166,7 @@ class ConsumerLoop:
             await self.transport.open()
             bounds = await self.transport.bounds(self.deliveries.redeliveries_bound)
             self.deliveries.check_window(bounds, self.transport.where)
+            self._check_pool()
             if self.transport.extend_every:
                 extender = asyncio.ensure_future(self._extend_loop(self.transport.extend_every))
             self._started.set()
@@ -168,6 +179,19 @@ class ConsumerLoop:
                 done, self._done, self._stop = self._done, None, None
                 self._started = asyncio.Event()
                 done.set()
+
+    def _check_pool(self) -> None:
+        """Warn once when atomic handlers outnumber the store's pool connections (each
+        holds one for its whole run: the rest wait, then time out). The pool is the
+        caller's to size (it may serve other code), so it is not resized here."""
+        if self._pool_checked or getattr(self.inbox, "mode", None) == LEASED:
+            return
+        self._pool_checked = True
+        for finding in check_pool(self.inbox.store, self.concurrency):
+            if not finding.ok:
+                self._loop_log.warning(
+                    "%s: %s; %s", self.transport.where, finding.what, finding.fix
+                )
 
     async def stop(self) -> None:
         """Stop receiving, let running handlers finish and settle (up to
@@ -219,9 +243,11 @@ class ConsumerLoop:
 
     # -- receiving ------------------------------------------------------------------
 
-    async def _take_slots(self, stop: asyncio.Event) -> int:
+    async def _take_slots(self, stop: asyncio.Event, alone: bool) -> int:
+        """Free slots, once there is one (``alone``: once every handler has ended)."""
+        need = self.concurrency if alone else 1
         async with self._slots:
-            await self._slots.wait_for(lambda: self._free > 0 or stop.is_set())
+            await self._slots.wait_for(lambda: self._free >= need or stop.is_set())
             return 0 if stop.is_set() else self._free
 
     async def _consume(self, stop: asyncio.Event) -> None:
@@ -229,6 +255,11 @@ class ConsumerLoop:
         pending: list[Incoming] = []  # received, not yet handed to a handler (batches)
         since = 0.0
         receiving: asyncio.Future[Sequence[Incoming]] | None = None
+        # A (re)started consumer may be receiving what a crash left: it takes one
+        # delivery at a time, alone, while they come redelivered, so a message that
+        # kills the worker takes nothing else with it (the broker counts every message
+        # a dead worker held). The first delivery that is not redelivered ends this.
+        cautious = True
         try:
             while True:
                 if pending and (
@@ -240,9 +271,12 @@ class ConsumerLoop:
                     self._dispatch(pending, stop)
                     pending = []
                 if receiving is None:
-                    if stop.is_set() or (not pending and not await self._take_slots(stop)):
+                    if stop.is_set() or (
+                        not pending and not await self._take_slots(stop, cautious)
+                    ):
                         break
-                    receiving = asyncio.ensure_future(self.transport.receive(self._free))
+                    limit = 1 if cautious else self._free
+                    receiving = asyncio.ensure_future(self.transport.receive(limit))
                 wait = None if not pending else max(0.0, since + self.batch_wait - time.monotonic())
                 await asyncio.wait({receiving}, timeout=wait)
                 if not receiving.done():
@@ -270,6 +304,17 @@ class ConsumerLoop:
                         await self._hand_back(d, "stopping" if stop.is_set() else "no free slot")
                         continue
                     self._free -= 1
+                    if suspect(d):
+                        # it may have killed a worker: never in a batch, so its crash
+                        # counts no other message toward max_deliveries
+                        if pending:
+                            self._dispatch(pending, stop)
+                            pending = []
+                        self._dispatch([d], stop)
+                        continue
+                    if cautious:
+                        cautious = False
+                        await self._widen()
                     if not pending:
                         since = time.monotonic()
                     pending.append(d)
@@ -281,6 +326,13 @@ class ConsumerLoop:
                 receiving.cancel()  # only when run() itself is cancelled
             if pending:
                 self._dispatch(pending, stop)
+
+    async def _widen(self) -> None:
+        try:
+            await self.transport.widen()
+        except Exception as exc:  # the connection went away: receive() will say so
+            where = self.transport.where
+            self._loop_log.warning("%s: could not widen the prefetch: %r", where, exc)
 
     def _dispatch(self, ds: list[Incoming], stop: asyncio.Event) -> None:
         self._tracker.spawn(self._handle(ds, stop))
@@ -352,7 +404,8 @@ class ConsumerLoop:
 
     def _prepare(self, d: Incoming) -> Settlement | Prepared:
         count = d.delivery_count
-        redelivered = d.redelivered if d.redelivered is not None else (count or 1) > 1
+        redelivered = suspect(d)
+        kind = d.content_type or content_type_of(d.headers)
 
         def delivery(message_id: str) -> Delivery:
             return Delivery(
@@ -365,7 +418,7 @@ class ConsumerLoop:
             )
 
         return self.deliveries.prepare(
-            d.broker_id, lambda: decode_body(d.body), delivery, count, d.label
+            d.broker_id, lambda: decode_body(d.body, kind), delivery, count, d.label
         )
 
     async def _retry(self, d: Incoming, delay: float, stop: asyncio.Event) -> None:
@@ -402,3 +455,8 @@ class ConsumerLoop:
             return
         await t.ack(d)
         log.warning("%s: dead-lettered (%s) and acked", label, v.reason)
+
+
+def suspect(d: Incoming) -> bool:
+    """Whether the broker gave ``d`` before (its redelivered flag, else its count)."""
+    return d.redelivered if d.redelivered is not None else (d.delivery_count or 1) > 1

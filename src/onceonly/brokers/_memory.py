@@ -159,6 +159,9 @@ class MemoryTransport:
             out.append(Incoming(m.message_id, m.body, m.headers, m.deliveries, self.name, m, label))
         return out
 
+    async def widen(self) -> None:
+        """Nothing to widen: ``receive`` pulls only what the loop asks for."""
+
     def wake(self) -> None:
         self._woken = True
         self.broker.queue(self.name).arrived.set()

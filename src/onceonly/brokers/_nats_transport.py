@@ -185,6 +185,9 @@ class NatsTransport:
             label=wire.label(msg),
         )
 
+    async def widen(self) -> None:
+        """Nothing to widen: ``receive`` pulls only what the loop asks for."""
+
     def wake(self) -> None:
         """Nothing to wake: ``receive`` returns within its poll timeout."""
 

@@ -55,6 +55,23 @@ return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
 """
 
 
+# Delete the group's members (other than ARGV[3]) idle for ARGV[2] ms with nothing
+# pending: what a killed consumer leaves behind. Atomic, so a member that reads
+# meanwhile (and would lose its pending list with it) is never deleted.
+_FORGET_IDLE = """
+local gone = {}
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local f = {}
+  for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
+  if f['name'] ~= ARGV[3] and f['pending'] == 0 and f['idle'] >= tonumber(ARGV[2]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+    gone[#gone + 1] = f['name']
+  end
+end
+return gone
+"""
+
+
 class RedisStreamsTransport:
     """A failed entry stays in this consumer's pending list and is fetched again (XCLAIM,
     counted by Redis) once its delay is over; entries idle ``claim_idle`` are taken over."""
@@ -75,6 +92,7 @@ class RedisStreamsTransport:
         claim_idle: float,
         dead_letter: str,
         log: logging.Logger,
+        forget_idle: float | None = None,
     ) -> None:
         self.client = client
         self._owns_client = owns_client
@@ -92,6 +110,9 @@ class RedisStreamsTransport:
         self._heartbeat = client.register_script(_HEARTBEAT)
         self._refetch = client.register_script(_REFETCH)
         self._leave = client.register_script(_LEAVE)
+        self._forget = client.register_script(_FORGET_IDLE)
+        self.forget_idle = forget_idle
+        self._next_forget = 0.0
         self._active: set[str] = set()  # entries whose handler runs here
         self._retry_at: dict[str, float] = {}  # failed entries we own -> when to refetch
         self._next_claim = 0.0
@@ -118,6 +139,22 @@ class RedisStreamsTransport:
         self._stopping = False
         self._next_claim, self._claim_cursor = 0.0, "0-0"
         await self.ensure_group()
+        self._next_forget = 0.0
+        await self._forget_idle()
+
+    async def _forget_idle(self) -> None:
+        """Delete members idle ``forget_idle`` seconds with nothing pending (killed
+        consumers; their pending entries are taken over by XAUTOCLAIM first); then again
+        every ``forget_idle / 2`` seconds."""
+        if self.forget_idle is None or time.monotonic() < self._next_forget:
+            return
+        self._next_forget = time.monotonic() + self.forget_idle / 2
+        idle_ms = max(1, int(self.forget_idle * 1000))
+        gone: Any = await self._forget(
+            keys=[self.stream], args=[self.group, idle_ms, self.consumer_name]
+        )
+        for name in gone or ():
+            self.log.info("%s: removed idle consumer %s", self.where, wire.text(name))
 
     async def bounds(self, redeliveries: Callable[[float, str], Bound]) -> list[Bound]:
         return [redeliveries(self.claim_idle, "claim_idle")]
@@ -127,6 +164,7 @@ class RedisStreamsTransport:
     async def receive(self, limit: int) -> Sequence[Incoming]:
         out: list[Incoming] = []
         try:
+            await self._forget_idle()
             await self._refetch_due(limit, out)
             if len(out) < limit and time.monotonic() >= self._next_claim:
                 await self._autoclaim(limit - len(out), out)
@@ -225,6 +263,9 @@ class RedisStreamsTransport:
         )
 
     # -- settling -------------------------------------------------------------------
+
+    async def widen(self) -> None:
+        """Nothing to widen: ``receive`` pulls only what the loop asks for."""
 
     def wake(self) -> None:
         """Nothing to wake: ``receive`` returns within its poll timeout."""

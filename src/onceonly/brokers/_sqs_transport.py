@@ -135,6 +135,9 @@ class SqsTransport:
             label=mid or str(message.get("MessageId")),
         )
 
+    async def widen(self) -> None:
+        """Nothing to widen: ``receive`` pulls only what the loop asks for."""
+
     def wake(self) -> None:
         """Nothing to wake: a receive returns within ``wait_time``."""
 

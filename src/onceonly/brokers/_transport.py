@@ -26,6 +26,7 @@ class Incoming:
         raw: the client's message object (``tx.delivery.raw``).
         label: names the delivery in logs until its message id is known.
         redelivered: the broker's redelivery flag (default: ``delivery_count > 1``).
+        content_type: the body's content type (default: the ``content-type`` header).
     """
 
     broker_id: str | None
@@ -36,6 +37,7 @@ class Incoming:
     raw: Any
     label: str
     redelivered: bool | None = None
+    content_type: str | None = None
 
 
 class Transport(Protocol):
@@ -53,7 +55,15 @@ class Transport(Protocol):
     extend_every: float | None
 
     async def open(self) -> None:
-        """Connect, declare or bind; raise what stops the consumer from starting."""
+        """Connect, declare or bind; raise what stops the consumer from starting. A
+        transport the broker pushes to starts with a window of one delivery (see
+        :meth:`widen`)."""
+
+    async def widen(self) -> None:
+        """Let the broker push its full prefetch window ahead of ``receive`` (the loop
+        calls it once a first delivery arrives; until then a restarted consumer holds
+        one delivery at a time). A pulling transport fetches what ``receive`` asks for
+        and does nothing here."""
 
     async def bounds(self, redeliveries: Callable[[float, str], Bound]) -> list[Bound]:
         """The broker's redelivery bounds for the dedup-window check (after ``open``)."""

@@ -91,8 +91,11 @@ class NatsConsumer(ConsumerLoop):
             then follows).
         batch: the most messages one fetch asks for (the prefetch).
         concurrency: handlers running at once (default: ``batch``).
-        message_id: a :class:`MessageIds`, or its fallback when a message carries no
-            ``Nats-Msg-Id``: ``None``, ``"content"``, a payload field name or a callable.
+        message_id: the inbox key. ``None``: the broker's id (the ``Nats-Msg-Id`` header).
+            ``"content"`` (a hash of the payload), a payload field name or a callable:
+            **that** is the key, over the broker's id.
+            :class:`~onceonly.brokers.MessageIds` ``(fallback=...)``: the broker's id
+            first, the fallback for a message without one.
         dead_letter: the dead-letter subject; default ``"<subject>.dead"`` for a literal
             subject, ``"<stream>.dead"`` when ``subject`` has wildcards.
         create_dead_letter_stream: create a stream ``<stream>_dead`` for the dead-letter

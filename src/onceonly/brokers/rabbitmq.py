@@ -85,8 +85,11 @@ class RabbitMQConsumer(ConsumerLoop):
         queue_type: ``"quorum"`` (the default; gives delivery counts) or ``"classic"``;
             with ``declare=False``, the type the existing queue has.
         queue_arguments: extra arguments for the queue declaration.
-        message_id: a :class:`MessageIds`, or its fallback when a message carries no
-            ``message_id``: ``None``, ``"content"``, a payload field name or a callable.
+        message_id: the inbox key. ``None``: the broker's id (the AMQP ``message_id``).
+            ``"content"`` (a hash of the payload), a payload field name or a callable:
+            **that** is the key, over the broker's id.
+            :class:`~onceonly.brokers.MessageIds` ``(fallback=...)``: the broker's id
+            first, the fallback for a message without one.
         dead_letter: the dead-letter queue (default ``"<queue>.dead"``).
         dead_letter_exchange: publish dead letters to this exchange, with
             ``dead_letter`` as routing key (default: the default exchange).

@@ -107,9 +107,11 @@ class RedisStreamsConsumer(ConsumerLoop):
             delivery, jittered, capped at ``max_backoff``). Transient store errors are
             retried in place on the same backoff.
         max_backoff: the longest such delay (default ``max(retry_delay, claim_idle)``).
-        message_id: a :class:`MessageIds`, or its fallback when an entry has no ``id``
-            field and no ``onceonly-message-id`` header: ``None``, ``"content"``, a
-            payload field name or a callable.
+        message_id: the inbox key. ``None``: the broker's id (the entry's ``id`` field).
+            ``"content"`` (a hash of the payload), a payload field name or a callable:
+            **that** is the key, over the broker's id.
+            :class:`~onceonly.brokers.MessageIds` ``(fallback=...)``: the broker's id
+            first, the fallback for a message without one.
         dead_letter: the dead-letter stream (default ``"<stream>.dead"``).
         shutdown_timeout: seconds ``stop()`` waits for running handlers.
         dedup_window: at start, when the inbox's ttl is shorter than the redelivery
@@ -123,9 +125,15 @@ class RedisStreamsConsumer(ConsumerLoop):
             1 (the default) runs one at a time. Deliveries in flight are at least
             ``batch_size``.
         batch_wait: seconds a batch waits for more deliveries once the first arrived.
+        forget_idle: members of the group idle this many seconds with nothing pending
+            are deleted (at start, then every ``forget_idle / 2``): a consumer killed
+            with SIGKILL never leaves the group itself, and the default name is new
+            with each process. Its pending entries are taken over (``claim_idle``)
+            first; the check and the delete are one atomic script. ``None``: never.
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.3 ``batch_size``, ``batch_wait``.
+    .. versionchanged:: 0.4 ``forget_idle``.
     """
 
     def __init__(
@@ -152,6 +160,7 @@ class RedisStreamsConsumer(ConsumerLoop):
         dedup_window: str = "warn",
         batch_size: int = 1,
         batch_wait: float = 0.01,
+        forget_idle: float | None = 3600.0,
         **options: Any,
     ) -> None:
         if not stream or not group:
@@ -160,6 +169,10 @@ class RedisStreamsConsumer(ConsumerLoop):
             raise ConfigurationError("block_ms, count and concurrency must be at least 1")
         if claim_idle <= 0 or retry_delay < 0 or shutdown_timeout < 0:
             raise ConfigurationError("claim_idle must be positive; delays not negative")
+        if forget_idle is not None and forget_idle < max(claim_idle, block_ms / 1000):
+            raise ConfigurationError(
+                "forget_idle must be at least claim_idle and block_ms (or None: never)"
+            )
         super().__init__(
             inbox,
             handler,
@@ -195,6 +208,7 @@ class RedisStreamsConsumer(ConsumerLoop):
             claim_idle=claim_idle,
             dead_letter=self.dead_letter,
             log=log,
+            forget_idle=forget_idle,
         )
 
     async def ensure_group(self) -> None:

@@ -6,7 +6,8 @@ Consumer (:class:`SqsConsumer`), on the same loop as the other brokers:
 * long-polls ``ReceiveMessage`` (up to 10 messages, at most the free handler slots);
   the message id is the ``onceonly-message-id`` attribute (the outbox id), else a FIFO
   queue's deduplication id, else SQS's ``MessageId`` (unless ``message_id=`` gives a
-  fallback); ``ApproximateReceiveCount`` is the delivery count;
+  fallback); a ``message_id=`` given as ``"content"``, a field name or a callable is
+  the key instead; ``ApproximateReceiveCount`` is the delivery count;
 * acked (``DeleteMessage``) only after the inbox's commit; a failed handler's message
   becomes visible again after the jittered backoff (``ChangeMessageVisibility``); a
   dead message is sent (confirmed) to the dead-letter queue with the ``onceonly-*``

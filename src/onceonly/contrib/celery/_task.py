@@ -16,8 +16,12 @@ The scope of the keys is the task's name.
 
 Either way a duplicate replays the stored result, a failure is recorded and counted
 (``max_attempts`` failures make the key dead: :class:`~onceonly.DeadLettered`), and
-the exception goes on to Celery, so ``autoretry_for`` and ``self.retry()`` work: the
-retry carries the same task id and runs again, as the state machine allows a failed key.
+the exception goes on to Celery, so ``autoretry_for`` works: the retry carries the same
+task id and runs again, as the state machine allows a failed key. ``self.retry()`` (a
+``celery.exceptions.Retry``) is not a failure: the run is rolled back (atomic) or its
+claim released (leased) **without counting an attempt**, so the task's own
+``max_retries`` bounds the retries; when they run out, Celery raises the task's error,
+and that failure is counted.
 """
 
 from __future__ import annotations
@@ -31,12 +35,13 @@ from typing import Any, TypeVar
 
 from celery import Task
 from celery._state import get_current_task
+from celery.exceptions import Retry
 
 from onceonly._core import codec
 from onceonly._core.fingerprint import fingerprint
 from onceonly._core.keys import validate_key
 from onceonly._core.state import Policy
-from onceonly.errors import ConfigurationError, InFlight
+from onceonly.errors import ConfigurationError, InFlight, StoreUnavailable
 from onceonly.events import Listener
 from onceonly.inbox import Inbox
 from onceonly.leased import LeasedRunner
@@ -74,6 +79,25 @@ def _delivery(task: Any, key: str) -> Delivery:
         headers={"task": task.name, "retries": request.retries or 0},
         raw=request,
     )
+
+
+class _RetryingAtomic(BaseException):
+    """Carries Celery's ``Retry`` out of an atomic run: not an ``Exception``, so the
+    inbox rolls the run back (its claim with it) and records no failed attempt."""
+
+    def __init__(self, retry: Retry) -> None:
+        super().__init__(repr(retry))
+        self.retry = retry
+
+
+class _RetryingLeased(StoreUnavailable):
+    """Carries Celery's ``Retry`` out of a leased run: the runner releases the claim as
+    failed without counting an attempt (as for a store outage), so a retry runs at once
+    and only the task's ``max_retries`` bounds them."""
+
+    def __init__(self, retry: Retry) -> None:
+        super().__init__(f"Celery retry: {retry}")
+        self.retry = retry
 
 
 class _IdempotentTask:
@@ -184,13 +208,23 @@ class _IdempotentTask:
                     head = args[:1] if bound else ()
 
                     def handler(_: Any, tx: Tx) -> Any:
-                        return fn(*head, tx, *call_args, **kwargs)
+                        try:
+                            return fn(*head, tx, *call_args, **kwargs)
+                        except Retry as retry:
+                            raise _RetryingAtomic(retry) from None
 
                     delivery = _delivery(task, key)
                     return runner.process(key, payload, handler, delivery=delivery).result
-                result, _, _ = runner.run(
-                    key, fingerprint(payload), lambda: fn(*args, **kwargs), payload
-                )
+
+                def leased() -> Any:
+                    try:
+                        return fn(*args, **kwargs)
+                    except Retry as retry:
+                        raise _RetryingLeased(retry) from None
+
+                result, _, _ = runner.run(key, fingerprint(payload), leased, payload)
+            except (_RetryingAtomic, _RetryingLeased) as retrying:
+                raise retrying.retry from None  # not a failure: Celery's max_retries rules
             except InFlight as exc:
                 if not self.retry_in_flight:
                     raise
