@@ -51,9 +51,7 @@ def publisher_from_url(url: str, **options: Any) -> AsyncPublisher:
             "nats": "nats",
             "tls": "nats",
             "kafka": "kafka",
-        }.get(
-            scheme, "redis"
-        )
+        }.get(scheme, "redis")
         raise ConfigurationError(
             f"the {scheme} broker needs the {extra} extra: pip install 'onceonly[{extra}]'"
         ) from exc
@@ -65,7 +63,9 @@ def publisher_from_url(url: str, **options: Any) -> AsyncPublisher:
 def configure_relay(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="the store URL holding the outbox")
     parser.add_argument(
-        "--broker", required=True, help="the broker: amqp://…, nats://…, redis://… or kafka://host:port"
+        "--broker",
+        required=True,
+        help="the broker: amqp://…, nats://…, redis://… or kafka://host:port",
     )
     parser.add_argument("--table", default=None, help="outbox table (default: the store's)")
     parser.add_argument(
