@@ -5,8 +5,10 @@ now, and the offset a consumer may commit (docs/spec.md §4.9).
 Rules (pure: no I/O, no clock reads; the caller passes ``now``):
 
 * **Order by key.** A record may be handed out only when every earlier unsettled
-  record of its partition has another key: records with one key (records without a
-  key count as one key) run in offset order, records with different keys at once.
+  record of its partition has another key: records with one key run in offset order,
+  records with different keys at once. Records without a key (``None``) are not
+  ordered among themselves (the caller passes one key for all of a partition's
+  records to run them in offset order).
 * **Retries stay in place.** A record handed back waits (``not_before``) at its place:
   later records with its key wait behind it, the others go on.
 * **The watermark.** The offset to commit is the lowest offset received and not
@@ -58,7 +60,7 @@ class PartitionOrder(Generic[R]):
     lost: bool = False
     _slots: dict[int, Slot[R]] = field(default_factory=dict)
     _order: deque[int] = field(default_factory=deque)  # unsettled offsets, ascending
-    _keys: dict[bytes | None, deque[int]] = field(default_factory=dict)
+    _keys: dict[object, deque[int]] = field(default_factory=dict)
     _ready: list[int] = field(default_factory=list)  # heap: key heads free to run
     _waiting: list[tuple[float, int]] = field(default_factory=list)  # heap: handed back
 
@@ -72,7 +74,7 @@ class PartitionOrder(Generic[R]):
         self.next = offset + 1
         self._slots[offset] = Slot(offset, key, record)
         self._order.append(offset)
-        queue = self._keys.setdefault(key, deque())
+        queue = self._keys.setdefault(_order_key(key, offset), deque())
         queue.append(offset)
         if len(queue) == 1:
             heapq.heappush(self._ready, offset)
@@ -125,12 +127,13 @@ class PartitionOrder(Generic[R]):
         if slot is None:
             return
         self.stored = max(self.stored, slot.wrote)
-        queue = self._keys[slot.key]
+        key = _order_key(slot.key, offset)
+        queue = self._keys[key]
         queue.remove(offset)  # the head, unless settled out of order (never by the rules)
         if queue:
             heapq.heappush(self._ready, queue[0])
         else:
-            del self._keys[slot.key]
+            del self._keys[key]
         while self._order and self._order[0] not in self._slots:
             self._order.popleft()
 
@@ -145,3 +148,8 @@ class PartitionOrder(Generic[R]):
     def in_flight(self) -> int:
         """Records handed out and not yet settled or handed back."""
         return sum(1 for s in self._slots.values() if s.out)
+
+
+def _order_key(key: bytes | None, offset: int) -> object:
+    """Records without a key are each their own key (unordered among themselves)."""
+    return key if key is not None else ("no key", offset)

@@ -79,9 +79,11 @@ class KafkaTransport:
         publish_timeout: float,
         position_interval: float,
         max_buffer: int,
+        ordering: str,
         log: logging.Logger,
     ) -> None:
         self.topics = list(topics)
+        self.ordering = ordering
         self.group = group
         self.config = dict(config)
         self.dead_letter_topic = dead_letter
@@ -359,7 +361,8 @@ class KafkaTransport:
             key = (m.topic() or "", m.partition() or 0)
             part = self._parts.get(key)
             offset = m.offset()
-            if part is None or offset is None or not part.add(offset, m.key(), m):
+            order = m.key() if self.ordering == "key" else b""
+            if part is None or offset is None or not part.add(offset, order, m):
                 continue
             self._owner[id(m)] = (key, part)
             self._buffered += 1
@@ -506,8 +509,33 @@ class KafkaTransport:
         mark = part.watermark(but=offset)
         if slot is None or mark <= part.stored:
             return
-        await positions.write_in(tx, key[0], key[1], mark, self._epochs[key])
+        try:
+            await positions.write_in(tx, key[0], key[1], mark, self._epochs[key])
+        except PartitionLost:
+            self._fenced(key, part)
+            raise
         slot.wrote = max(slot.wrote, mark)
+
+    def _fenced(self, key: TP, part: PartitionOrder[Message]) -> None:
+        """Another member bumped the partition's epoch: this member is a zombie for it.
+        Drop the partition (nothing of it is acked or handed out any more) and rejoin
+        the group, whose next assignment says who owns it now."""
+        if self._parts.get(key) is not part:
+            return
+        self.log.error("%s: %s is owned by a newer member; rejoining", self.where, key)
+        part.lost = True
+        self._drop(key)
+
+        def rejoin(consumer: Consumer) -> None:
+            consumer.unsubscribe()
+            consumer.subscribe(
+                self.topics,
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_lost,
+            )
+
+        self._commands.put(rejoin)
 
     def _schedule_commit(self) -> None:
         if self._commit_scheduled or self._loop is None:
@@ -547,8 +575,8 @@ class KafkaTransport:
             epoch = self._epochs[key]
             if await positions.write(*key, mark, epoch):
                 part.stored = max(part.stored, mark)
-            elif self._parts.get(key) is part:
-                self.log.warning("%s: %s is fenced by a newer member", self.where, key)
+            else:
+                self._fenced(key, part)
 
     async def _flush_loop(self) -> None:
         while True:

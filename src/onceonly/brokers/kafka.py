@@ -18,10 +18,12 @@ meanings of the other consumers:
 
 * the message id is the ``onceonly-message-id`` header, else what ``message_id``
   names (a payload field, a callable, ``"content"``), else ``topic/partition/offset``;
-* **order**: concurrent across partitions; within a partition concurrent only across
-  different record keys (records with one key, or without a key, run in offset
-  order); an offset is committed only once every record before it in its partition
-  is settled;
+* **order** (``ordering="key"``): concurrent across partitions; within a partition
+  concurrent only across different record keys (records with one key run in offset
+  order; records without a key are not ordered among themselves);
+  ``ordering="partition"`` runs a partition's records one at a time in offset order.
+  An offset is committed only once every record before it in its partition is
+  settled;
 * **offsets** ``"store"`` (the default with an atomic inbox on a SQL store): the
   group's position per partition is a row written in the same transaction as the
   claim and the handler's writes, fenced by an epoch bumped on each assignment (a
@@ -112,6 +114,9 @@ class KafkaConsumer(ConsumerLoop):
         position_interval: seconds between writes of positions moved without a
             transaction (replays, dead letters).
         max_buffer: records fetched ahead; fetching pauses beyond it.
+        ordering: ``"key"`` (records with one key in offset order, other keys and
+            records without a key at once) or ``"partition"`` (a partition's records
+            one at a time, in offset order).
         dedup_window: ``"warn"``, ``"refuse"`` or ``"off"`` (a topic's retention is not
             read here; ``onceonly doctor``).
         batch_size: records processed together in one inbox transaction.
@@ -144,6 +149,7 @@ class KafkaConsumer(ConsumerLoop):
         revoke_timeout: float = 10.0,
         position_interval: float = 1.0,
         max_buffer: int = 1000,
+        ordering: str = "key",
         dedup_window: str = "warn",
         batch_size: int = 1,
         batch_wait: float = 0.01,
@@ -159,6 +165,8 @@ class KafkaConsumer(ConsumerLoop):
             raise ConfigurationError("offsets must be 'store' or 'kafka'")
         if offsets == "store" and not sql:
             raise ConfigurationError("offsets='store' needs an atomic inbox on a SQL store")
+        if ordering not in ("key", "partition"):
+            raise ConfigurationError("ordering must be 'key' or 'partition'")
         if partitions < 1 or max_buffer < 1:
             raise ConfigurationError("partitions and max_buffer must be at least 1")
         self.offsets = offsets
@@ -196,6 +204,7 @@ class KafkaConsumer(ConsumerLoop):
             publish_timeout=publish_timeout,
             position_interval=position_interval,
             max_buffer=max(max_buffer, self.concurrency),
+            ordering=ordering,
             log=log,
         )
 
