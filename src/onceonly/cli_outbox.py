@@ -21,7 +21,7 @@ __all__ = ["configure_outbox", "configure_relay", "publisher_from_url", "run_out
 
 
 def publisher_from_url(url: str, **options: Any) -> AsyncPublisher:
-    """A publisher for ``amqp://``, ``nats://`` or ``redis://`` URLs.
+    """A publisher for ``amqp://``, ``nats://``, ``redis://`` or ``kafka://`` URLs.
 
     Raises:
         ConfigurationError: an unknown scheme, or the broker's extra is not installed.
@@ -40,22 +40,32 @@ def publisher_from_url(url: str, **options: Any) -> AsyncPublisher:
             from onceonly.brokers.redis_streams import RedisStreamsPublisher
 
             return RedisStreamsPublisher(url, **options)
+        if scheme == "kafka":
+            from onceonly.brokers.kafka import KafkaPublisher
+
+            return KafkaPublisher(url, **options)
     except ImportError as exc:
-        extra = {"amqp": "rabbitmq", "amqps": "rabbitmq", "nats": "nats", "tls": "nats"}.get(
-            scheme, "redis"
-        )
+        extra = {
+            "amqp": "rabbitmq",
+            "amqps": "rabbitmq",
+            "nats": "nats",
+            "tls": "nats",
+            "kafka": "kafka",
+        }.get(scheme, "redis")
         raise ConfigurationError(
             f"the {scheme} broker needs the {extra} extra: pip install 'onceonly[{extra}]'"
         ) from exc
     raise ConfigurationError(
-        f"unknown broker URL scheme {scheme!r}: use amqp://, nats:// or redis://"
+        f"unknown broker URL scheme {scheme!r}: use amqp://, nats://, redis:// or kafka://"
     )
 
 
 def configure_relay(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="the store URL holding the outbox")
     parser.add_argument(
-        "--broker", required=True, help="the broker: amqp://…, nats://… or redis://…"
+        "--broker",
+        required=True,
+        help="the broker: amqp://…, nats://…, redis://… or kafka://host:port",
     )
     parser.add_argument("--table", default=None, help="outbox table (default: the store's)")
     parser.add_argument(

@@ -5,7 +5,7 @@ Each block runs as a script of its own in a fresh directory (a subprocess, bound
 time), on SQLite; a block that opens ``sqlite:///onceonly.db`` runs again on
 PostgreSQL, in a database of its own, with that URL replaced. The line just before a
 fence may say ``<!-- snippet: skip -->`` (a fragment, not meant to run alone) or
-``<!-- snippet: needs=redis -->`` (postgres, redis, rabbitmq, nats, mysql): such a
+``<!-- snippet: needs=redis -->`` (postgres, redis, rabbitmq, nats, mysql, kafka): such a
 block runs only where that service is reachable, and fails in CI when it is not.
 """
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SQLITE_URL = "sqlite:///onceonly.db"
 _FENCE = re.compile(r"^```python\s*$")
 _MARK = re.compile(r"^<!--\s*snippet:\s*(skip|needs=([a-z,]+))\s*-->\s*$")
-_PORTS = {"redis": 6379, "rabbitmq": 5672, "nats": 4222, "mysql": 3306}
+_PORTS = {"redis": 6379, "rabbitmq": 5672, "nats": 4222, "mysql": 3306, "kafka": 9092}
 _TIMEOUT = 60
 
 

@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: MIT
+"""A Kafka consumer's positions in the store (``offsets="store"``, docs/spec.md §4.9).
+
+One row per (group, topic, partition): ``next_offset`` (every record before it is
+settled; ``-1``: none stored yet) and ``epoch`` (bumped by each member that is
+assigned the partition).
+
+* **Claim** (on assignment): bump ``epoch`` and read the row, in one transaction; the
+  member seeks to ``next_offset``. A member of an older epoch is a zombie.
+* **Write**: ``next_offset`` moves forward only (``CASE WHEN next_offset < new``) and
+  only while ``epoch`` is the writer's: a zombie's write matches no row, and inside a
+  handler's transaction it raises :class:`PartitionLost`, which rolls the handler's
+  writes back. Positions never move backwards.
+
+The written position is never past a record whose transaction has not committed: a
+transaction that settles record ``o`` writes the lowest offset still unsettled other
+than ``o`` (:meth:`onceonly._core.offsets.PartitionOrder.watermark`). Writing too low
+only means records the inbox replays after a restart.
+
+The table is created by the consumer when missing (``CREATE TABLE IF NOT EXISTS``);
+statements use ``?`` placeholders, as ``tx.execute`` does, on PostgreSQL, SQLite and
+MySQL/MariaDB.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onceonly._core.sql import validate_identifier
+from onceonly.errors import OnceOnlyError
+from onceonly.types import AsyncStore
+
+__all__ = ["DEFAULT_TABLE", "PartitionLost", "Positions"]
+
+DEFAULT_TABLE = "onceonly_kafka_positions"
+
+
+class PartitionLost(OnceOnlyError):
+    """The partition was assigned to another member (a rebalance) while this record ran:
+    its transaction rolls back and the record is left to the new owner."""
+
+
+class Positions:
+    """Reads and writes one consumer group's positions in ``table``."""
+
+    def __init__(self, store: AsyncStore, group: str, table: str = DEFAULT_TABLE) -> None:
+        self.store = store
+        self.group = group
+        self.table = validate_identifier(table)
+        self.dialect = str(getattr(store, "dialect", ""))
+        if self.dialect not in ("postgresql", "sqlite", "mysql"):
+            raise OnceOnlyError(f"offsets='store' needs a SQL store, not {self.dialect!r}")
+
+    def _ddl(self) -> str:
+        return (
+            f"CREATE TABLE IF NOT EXISTS {self.table} ("
+            "group_name VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL, "
+            "part INTEGER NOT NULL, next_offset BIGINT NOT NULL, epoch BIGINT NOT NULL, "
+            "writes BIGINT NOT NULL, PRIMARY KEY (group_name, topic, part))"
+        )
+
+    async def create(self) -> None:
+        """Create the table when missing."""
+        async with self.store.transaction(None) as session:
+            await session.execute(self._ddl())
+
+    async def claim(self, topic: str, part: int) -> tuple[int | None, int]:
+        """Take the partition: bump its epoch; return ``(next_offset or None, epoch)``."""
+        ignore = "INSERT IGNORE INTO" if self.dialect == "mysql" else "INSERT INTO"
+        tail = "" if self.dialect == "mysql" else " ON CONFLICT DO NOTHING"
+        where = "WHERE group_name = ? AND topic = ? AND part = ?"
+        params = (self.group, topic, part)
+        async with self.store.transaction(None) as session:
+            await session.execute(
+                f"{ignore} {self.table} (group_name, topic, part, next_offset, epoch, writes)"
+                f" VALUES (?, ?, ?, -1, 0, 0){tail}",
+                params,
+            )
+            await session.execute(
+                f"UPDATE {self.table} SET epoch = epoch + 1, writes = writes + 1 {where}",
+                params,
+            )
+            cur = await session.execute(
+                f"SELECT next_offset, epoch FROM {self.table} {where}", params
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        position, epoch = int(row[0]), int(row[1])
+        return (position if position >= 0 else None), epoch
+
+    def _write_sql(self) -> str:
+        return (
+            f"UPDATE {self.table} SET next_offset = CASE WHEN next_offset < ? THEN ? "
+            "ELSE next_offset END, writes = writes + 1 "
+            "WHERE group_name = ? AND topic = ? AND part = ? AND epoch = ?"
+        )
+
+    async def write_in(self, tx: Any, topic: str, part: int, position: int, epoch: int) -> None:
+        """Write ``position`` in the handler's transaction ``tx`` (``tx.execute``).
+
+        Raises:
+            PartitionLost: another member took the partition (a newer epoch).
+        """
+        cur = await tx.execute(
+            self._write_sql(), (position, position, self.group, topic, part, epoch)
+        )
+        if cur.rowcount == 0:
+            raise PartitionLost(f"{topic}[{part}] was assigned to another member")
+
+    async def write(self, topic: str, part: int, position: int, epoch: int) -> bool:
+        """Write ``position`` in a transaction of its own; ``False``: fenced (zombie)."""
+        async with self.store.transaction(None) as session:
+            cur = await session.execute(
+                self._write_sql(), (position, position, self.group, topic, part, epoch)
+            )
+            return bool(cur.rowcount)
+
+    async def read(self, topic: str, part: int) -> int | None:
+        """The stored position (``None``: none)."""
+        async with self.store.transaction(None) as session:
+            cur = await session.execute(
+                f"SELECT next_offset FROM {self.table} "
+                "WHERE group_name = ? AND topic = ? AND part = ?",
+                (self.group, topic, part),
+            )
+            row = await cur.fetchone()
+        return None if row is None or int(row[0]) < 0 else int(row[0])

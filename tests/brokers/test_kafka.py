@@ -1,0 +1,355 @@
+# SPDX-License-Identifier: MIT
+"""Kafka-specific consumer cases on a real Kafka-protocol broker: Tansu 0.6.0 (not
+Apache Kafka; scripts/services kafka). The contract cases run in test_contract.py.
+
+Invariant everywhere: ledger rows = distinct records, none doubled, none lost, and the
+stored positions never move backwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import onceonly
+from onceonly.brokers.kafka import KafkaConsumer
+from tests.brokers._kits import KAFKA_BOOTSTRAP, KAFKA_FAST_JOIN, kafka_committed, kafka_read_all
+from tests.conftest import PG_URL, drop_pg_table, require_postgres, unavailable, unique_table
+
+pytestmark = pytest.mark.timeout(90)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Env:
+    """A topic, a group, a PostgreSQL store with its ledger and positions tables."""
+
+    def __init__(self, partitions: int) -> None:
+        tag = uuid.uuid4().hex[:10]
+        self.topic = f"kafka-{tag}"
+        self.group = f"g-{tag}"
+        self.table = unique_table()
+        self.partitions = partitions
+        self.store: Any = None
+        from confluent_kafka import Producer
+
+        self.producer = Producer({"bootstrap.servers": KAFKA_BOOTSTRAP, "linger.ms": 1})
+
+    async def start(self) -> None:
+        from onceonly.brokers._kafka_wire import ensure_topics
+
+        require_postgres()
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(
+                None,
+                ensure_topics,
+                {"bootstrap.servers": KAFKA_BOOTSTRAP},
+                [(self.topic, self.partitions)],
+                5.0,
+            )
+        except Exception:
+            unavailable(f"Kafka (Tansu) at {KAFKA_BOOTSTRAP}")
+        self.store = onceonly.open_async_store(PG_URL, table=self.table, outbox_table=None)
+        await self.store.migrate()
+        async with self.store.transaction() as tx:
+            await tx.execute(f"CREATE TABLE {self.table}_ledger (id TEXT NOT NULL)")
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await self.store.close()
+        for t in (self.table, f"{self.table}_ledger", f"{self.table}_pos"):
+            drop_pg_table(t)
+
+    async def send(self, records: list[tuple[str | None, dict[str, Any]]]) -> None:
+        for key, payload in records:
+            self.producer.produce(
+                self.topic,
+                key=key.encode() if key is not None else None,
+                value=json.dumps(payload).encode(),
+                headers=[("onceonly-message-id", str(payload["id"]).encode())],
+            )
+        await asyncio.get_running_loop().run_in_executor(None, self.producer.flush, 10)
+
+    async def ledger(self) -> list[str]:
+        async with self.store.transaction() as tx:
+            cur = await tx.execute(f"SELECT id FROM {self.table}_ledger")
+            return [r[0] for r in await cur.fetchall()]
+
+    async def positions(self) -> dict[int, int]:
+        try:
+            async with self.store.transaction() as tx:
+                cur = await tx.execute(
+                    f"SELECT part, next_offset FROM {self.table}_pos WHERE group_name = ?",
+                    (self.group,),
+                )
+                return {int(p): int(o) for p, o in await cur.fetchall()}
+        except onceonly.OnceOnlyError:  # not created yet
+            return {}
+
+    def consumer(self, inbox: onceonly.AsyncInbox, handler: Any, **kw: Any) -> KafkaConsumer:
+        options = {"retry_delay": 0.05, "max_backoff": 0.2, "shutdown_timeout": 5.0, **kw}
+        return KafkaConsumer(
+            inbox,
+            handler,
+            topics=[self.topic],
+            group=self.group,
+            bootstrap=KAFKA_BOOTSTRAP,
+            config=KAFKA_FAST_JOIN,
+            positions_table=f"{self.table}_pos",
+            **options,
+        )
+
+    def worker(self, **config: Any) -> subprocess.Popen[bytes]:
+        cfg = {
+            "url": PG_URL,
+            "table": self.table,
+            "topic": self.topic,
+            "group": self.group,
+            "bootstrap": KAFKA_BOOTSTRAP,
+            "mode": "work",
+            **config,
+        }
+        env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.brokers._kafka_worker", json.dumps(cfg)],
+            cwd=ROOT,
+            env=env,
+        )
+
+
+@pytest.fixture
+async def env2() -> AsyncIterator[Env]:
+    e = Env(partitions=2)
+    await e.start()
+    try:
+        yield e
+    finally:
+        await e.close()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+class Watch:
+    """Samples the stored positions until stopped; records any that moved backwards."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.backwards: list[tuple[int, int, int]] = []
+        self.samples = 0
+        self.errors: list[str] = []
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        last: dict[int, int] = {}
+        while True:
+            try:
+                now = await self.env.positions()
+            except Exception as exc:
+                self.errors.append(repr(exc))
+                await asyncio.sleep(0.05)
+                continue
+            self.samples += 1
+            for p, o in now.items():
+                if o < last.get(p, -1):
+                    self.backwards.append((p, last[p], o))
+                last[p] = max(o, last.get(p, -1))
+            await asyncio.sleep(0.02)
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+def highs(env: Env) -> dict[int, int]:
+    return {p: end for p, (_, end) in enumerate(kafka_committed(env.group, env.topic))}
+
+
+async def test_offsets_commit_with_the_effects_in_key_order(env2: Env) -> None:
+    """120 records, 6 keys, 2 partitions, 8 handlers at once: each record once; records
+    of one key in offset order; the positions in the store and Kafka's group offsets end
+    at each partition's end."""
+    records = [(f"k{n % 6}", {"id": f"r{n}", "k": f"k{n % 6}", "n": n}) for n in range(120)]
+    await env2.send(records)
+    running: dict[str, int] = {}
+    order: dict[str, list[int]] = {}
+    overlaps: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        key = payload["k"]
+        if running.get(key):
+            overlaps.append(key)
+        running[key] = 1
+        order.setdefault(key, []).append(payload["n"])
+        await asyncio.sleep(random.random() * 0.01)
+        await tx.execute(f"INSERT INTO {env2.table}_ledger (id) VALUES (?)", (payload["id"],))
+        running[key] = 0
+
+    inbox = onceonly.AsyncInbox(env2.store, consumer="c")
+    watch = Watch(env2)
+    async with env2.consumer(inbox, handler, concurrency=8):
+        await eventually(lambda: _count(env2, 120))
+    await watch.stop()
+    rows = await env2.ledger()
+    assert sorted(rows) == sorted(r[1]["id"] for r in records)  # none lost, none doubled
+    assert overlaps == []
+    assert all(ns == sorted(ns) for ns in order.values())
+    assert watch.backwards == []
+    ends = await asyncio.get_running_loop().run_in_executor(None, highs, env2)
+    assert await env2.positions() == ends
+    marks = await asyncio.get_running_loop().run_in_executor(
+        None, kafka_committed, env2.group, env2.topic
+    )
+    assert all(c == h for c, h in marks)
+
+
+async def _count(env: Env, n: int) -> bool:
+    return len(await env.ledger()) >= n
+
+
+async def test_a_zombies_transaction_is_fenced_and_rolls_back(env2: Env) -> None:
+    """Another member takes the partition (its epoch) while a handler runs: that run's
+    transaction fails at its position write and rolls back its effect; the record is
+    processed once, by the next owner of the partition."""
+    gate = asyncio.Event()
+    runs: list[int] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        runs.append(tx.attempt)
+        await tx.execute(
+            f"INSERT INTO {env2.table}_ledger (id) VALUES (?)", (f"{payload['id']}#{len(runs)}",)
+        )
+        if len(runs) == 1:
+            await gate.wait()
+
+    await env2.send([("a", {"id": "a"}), ("b", {"id": "b"})])
+    inbox = onceonly.AsyncInbox(env2.store, consumer="c")
+    async with env2.consumer(inbox, handler, ordering="partition"):
+        await eventually(lambda: _true(len(runs) == 1))
+        async with env2.store.transaction() as tx:  # a new member claims every partition
+            await tx.execute(f"UPDATE {env2.table}_pos SET epoch = epoch + 1")
+        gate.set()
+        await eventually(lambda: _count(env2, 2))
+        await asyncio.sleep(0.5)
+    rows = await env2.ledger()
+    assert "a#1" not in rows and "b#1" not in rows  # the zombie's run rolled back
+    assert sorted(r.split("#")[0] for r in rows) == ["a", "b"]
+
+
+async def _true(v: bool) -> bool:
+    return v
+
+
+async def test_kill_9_mid_batch_loses_and_doubles_nothing(env2: Env) -> None:
+    """A consumer process running batches of 20 is SIGKILLed mid-run; a new one finishes:
+    every record once in the ledger, positions never moved backwards."""
+    n = 400
+    await env2.send([(f"k{i % 10}", {"id": f"r{i}"}) for i in range(n)])
+    watch = Watch(env2)
+    proc = env2.worker(batch_size=20, delay=0.005)
+    try:
+        await eventually(lambda: _count(env2, 60))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        done_before = len(await env2.ledger())
+        assert done_before < n
+        proc = env2.worker(batch_size=20)
+        await eventually(lambda: _count(env2, n), timeout=60)
+        await asyncio.sleep(1.0)
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        await watch.stop()
+    rows = await env2.ledger()
+    assert len(rows) == n and len(set(rows)) == n
+    assert watch.backwards == []
+    assert watch.samples > 10, watch.errors[:3]
+
+
+async def test_rebalance_a_member_joins_and_leaves(env2: Env) -> None:
+    """While records flow, a second member joins (the partitions are split) and leaves
+    (they come back): every record once, positions never backwards."""
+    n = 300
+    inbox = onceonly.AsyncInbox(env2.store, consumer="c")
+
+    def handler_for(name: str) -> Any:
+        async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+            await tx.execute(f"INSERT INTO {env2.table}_ledger (id) VALUES (?)", (payload["id"],))
+            await asyncio.sleep(0.01)
+
+        return handler
+
+    watch = Watch(env2)
+    sent = 0
+
+    async def feed(upto: int) -> None:
+        nonlocal sent
+        await env2.send([(f"k{i % 7}", {"id": f"r{i}"}) for i in range(sent, upto)])
+        sent = upto
+
+    await feed(60)
+    async with env2.consumer(inbox, handler_for("a"), concurrency=4):
+        await eventually(lambda: _count(env2, 20))
+        second = env2.consumer(inbox, handler_for("b"), concurrency=4)
+        async with second:
+            await feed(180)
+            await eventually(lambda: _count(env2, 120))
+        await feed(n)
+        await eventually(lambda: _count(env2, n), timeout=40)
+        await asyncio.sleep(0.5)
+    await watch.stop()
+    rows = await env2.ledger()
+    assert len(rows) == n and len(set(rows)) == n
+    assert watch.backwards == []
+
+
+async def test_record_that_kills_the_worker_is_dead_lettered(env2: Env) -> None:
+    """A record whose handler kills the process: the inbox pre-counts each attempt, so
+    after max_attempts it goes to <topic>.dead with the onceonly headers; no effect."""
+    await env2.send([("p", {"id": "poison"})])
+    exits: list[int | None] = []
+    for _ in range(4):
+        proc = env2.worker(mode="crash", precount=True, max_attempts=2)
+        deadline = time.monotonic() + 25
+        while proc.poll() is None and time.monotonic() < deadline:
+            if await _dead(env2):
+                break
+            await asyncio.sleep(0.1)
+        if proc.poll() is None:
+            proc.terminate()
+        exits.append(proc.wait(20))
+        if await _dead(env2):
+            break
+    assert exits[:2] == [7, 7]
+    [record] = await asyncio.get_running_loop().run_in_executor(
+        None, kafka_read_all, f"{env2.topic}.dead"
+    )
+    headers = {k: v.decode() for k, v in record.headers()}
+    assert headers["onceonly-message-id"] == "poison"
+    assert headers["onceonly-dead-reason"] == "dead-lettered"
+    assert headers["onceonly-error"]
+    assert record.key() == b"p"
+    assert await env2.ledger() == []
+
+
+async def _dead(env: Env) -> bool:
+    loop = asyncio.get_running_loop()
+    return bool(await loop.run_in_executor(None, kafka_read_all, f"{env.topic}.dead"))
