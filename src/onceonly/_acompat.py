@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import heapq
 import itertools
@@ -16,8 +17,11 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 log = logging.getLogger("onceonly.lease")
+
+T = TypeVar("T")
 
 monotonic = time.monotonic
 
@@ -28,6 +32,54 @@ def sleep(seconds: float) -> None:
 
 async def asleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
+
+
+def within(fn: Callable[[], T], timeout: float | None) -> T:
+    """``fn()``, abandoned after ``timeout`` seconds (``None``: no bound).
+
+    A bounded call runs in a worker thread: a blocking driver call (a pool waiting for a
+    connection) cannot be interrupted, so the caller stops waiting for it instead. An
+    abandoned call finishes on its own; only idempotent calls (fenced writes) may be
+    bounded this way.
+
+    Raises:
+        TimeoutError: ``fn`` did not return within ``timeout``.
+    """
+    if timeout is None:
+        return fn()
+    future = _bounded_pool().submit(fn)
+    try:
+        return future.result(timeout=max(timeout, 0.0))
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError(f"no answer within {timeout:.1f} s") from None
+
+
+async def within_async(fn: Callable[[], Awaitable[T]], timeout: float | None) -> T:
+    """``await fn()``, cancelled after ``timeout`` seconds (``None``: no bound).
+
+    Raises:
+        TimeoutError: ``fn`` did not return within ``timeout``.
+    """
+    if timeout is None:
+        return await fn()
+    try:
+        return await asyncio.wait_for(fn(), max(timeout, 0.0))
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"no answer within {timeout:.1f} s") from None
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+
+
+def _bounded_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool, _pool_pid
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = concurrent.futures.ThreadPoolExecutor(32, "onceonly-bounded")
+            _pool_pid = os.getpid()
+        return _pool
 
 
 def gather(thunks: list[Callable[[], None]], limit: int) -> None:

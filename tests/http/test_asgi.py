@@ -57,6 +57,17 @@ def make_app(store: Any, calls: list[Any], **options: Any) -> FastAPI:
         calls.append("big")
         return Response(b"x" * 2048)
 
+    @app.post("/stream-rerun")
+    @idempotency("optional", rerun_unstored=True)
+    async def stream_rerun() -> StreamingResponse:
+        calls.append("stream-rerun")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"a"
+            yield b"b"
+
+        return StreamingResponse(chunks())
+
     @app.post("/wait", dependencies=[idempotency_key(wait=5.0)])
     async def slow(request: Request) -> JSONResponse:
         calls.append("wait")
@@ -208,15 +219,31 @@ async def test_exception_releases(client: httpx.AsyncClient, calls: list[Any]) -
 
 
 @pytest.mark.parametrize("path", ["/stream", "/big"])
-async def test_streams_and_big_bodies_are_not_stored(
+async def test_streams_and_big_bodies_complete_unkept(
     client: httpx.AsyncClient, calls: list[Any], path: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A streamed or over-limit response reaches the client whole, is not stored, and warns."""
+    """A streamed or over-limit response reaches the client whole; a retry never runs it
+    again but gets 409 replay-unavailable (issue 19 G)."""
+    with caplog.at_level(logging.WARNING, logger="onceonly.http"):
+        r = await client.post(path, headers=hdrs())
+        assert r.status_code == 200 and r.content in (b"ab", b"x" * 2048)
+        again = await client.post(path, headers=hdrs())
+    assert again.status_code == 409
+    assert again.headers["content-type"] == "application/problem+json"
+    assert again.json()["type"] == PROBLEM_TYPE_BASE + "replay-unavailable"
+    assert calls == [path[1:]]
+    assert "without a replayable response" in caplog.text
+
+
+async def test_a_route_may_rerun_unkept_responses(
+    client: httpx.AsyncClient, calls: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """rerun_unstored=True gives the key of a stream back: the retry runs again."""
     with caplog.at_level(logging.WARNING, logger="onceonly.http"):
         for _ in range(2):
-            r = await client.post(path, headers=hdrs())
-            assert r.status_code == 200 and r.content in (b"ab", b"x" * 2048)
-    assert calls == [path[1:]] * 2
+            r = await client.post("/stream-rerun", headers=hdrs())
+            assert r.status_code == 200 and r.content == b"ab"
+    assert calls == ["stream-rerun"] * 2
     assert "the key is released" in caplog.text
 
 
