@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 log = logging.getLogger("onceonly.lease")
 
@@ -55,17 +55,39 @@ def within(fn: Callable[[], T], timeout: float | None) -> T:
 
 
 async def within_async(fn: Callable[[], Awaitable[T]], timeout: float | None) -> T:
-    """``await fn()``, cancelled after ``timeout`` seconds (``None``: no bound).
+    """``await fn()``, abandoned after ``timeout`` seconds (``None``: no bound).
+
+    The call runs in a task that is cancelled at the bound, and not waited for: a driver
+    may take long to handle its cancellation (a cancel request to a server that does
+    not answer). Only idempotent calls (fenced writes) may be bounded this way.
 
     Raises:
         TimeoutError: ``fn`` did not return within ``timeout``.
     """
     if timeout is None:
         return await fn()
-    try:
-        return await asyncio.wait_for(fn(), max(timeout, 0.0))
-    except asyncio.TimeoutError:
-        raise TimeoutError(f"no answer within {timeout:.1f} s") from None
+
+    async def call() -> T:
+        return await fn()
+
+    task = asyncio.ensure_future(call())
+    done, _ = await asyncio.wait({task}, timeout=max(timeout, 0.0))
+    if task in done:
+        return task.result()
+    task.cancel()
+    _abandoned.add(task)
+    task.add_done_callback(_abandoned.discard)
+    task.add_done_callback(_retrieve)
+    raise TimeoutError(f"no answer within {timeout:.1f} s")
+
+
+_abandoned: set[asyncio.Future[Any]] = set()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned task's outcome, so it is never reported as lost."""
+    if not task.cancelled():
+        task.exception()
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
