@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -56,6 +57,12 @@ def make_app(store: Any, calls: list[Any], **options: Any) -> FastAPI:
     async def big() -> Response:
         calls.append("big")
         return Response(b"x" * 2048)
+
+    @app.post("/gzip", dependencies=[idempotency_key()])
+    async def gzipped() -> Response:
+        calls.append("gzip")
+        body = gzip.compress(b'{"order": 1}')
+        return Response(body, media_type="application/json", headers={"Content-Encoding": "gzip"})
 
     @app.post("/stream-rerun")
     @idempotency("optional", rerun_unstored=True)
@@ -343,3 +350,22 @@ async def test_long_handler_keeps_its_lease(leased_async_store: Any) -> None:
         assert second.status_code == 409
         assert (await first).status_code == 201
     assert len(calls) == 1
+
+
+async def test_gzip_replay_is_readable(client: httpx.AsyncClient, calls: list[Any]) -> None:
+    """Content-Encoding is stored with the body: a gzip response replays readable."""
+    first = await client.post("/gzip", headers=hdrs())
+    again = await client.post("/gzip", headers=hdrs())
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.headers["content-encoding"] == "gzip"
+    assert first.json() == again.json() == {"order": 1}
+    assert calls == ["gzip"]
+
+
+async def test_in_flight_retry_after_is_short(client: httpx.AsyncClient, calls: list[Any]) -> None:
+    """A 409 in-flight says Retry-After of at most 2 s, not the whole 30 s lease."""
+    first = asyncio.ensure_future(client.post("/orders", json={"sleep": 0.6}, headers=hdrs()))
+    await asyncio.sleep(0.2)
+    second = await client.post("/orders", json={"sleep": 0.6}, headers=hdrs())
+    await first
+    assert second.status_code == 409 and 1 <= int(second.headers["retry-after"]) <= 2

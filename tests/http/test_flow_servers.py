@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -126,3 +127,24 @@ def test_stalled_holder_never_sends_a_second_success_body(env: dict[str, str]) -
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "waitress"])
+def test_sqlite_atomic_keys_wait_for_the_write_lock(server: str, tmp_path: Path) -> None:
+    """SQLite atomic routes: four concurrent requests with different keys all succeed; the
+    database write lock they queue on is never reported as a key in flight (409)."""
+    effects = tmp_path / "effects"
+    effects.touch()
+    env = {"ONCEONLY_URL": f"sqlite:///{tmp_path / 'o.db'}", "EFFECTS": str(effects)}
+    with serve(server, env) as s:
+
+        def post(key: str) -> httpx.Response:
+            return httpx.post(
+                s.url + "/atomic", json={"item": key}, headers=hdrs(key, **{"X-Sleep": "0.4"}),
+                timeout=30,
+            )  # fmt: skip
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(post, ["a", "b", "c", "d"]))
+    assert [r.status_code for r in answers] == [201] * 4, [r.text for r in answers]
+    assert runs(env) == 4

@@ -12,6 +12,10 @@ The handler runs inside a savepoint: a response of 400 or more (the framework tu
 ``HTTPException``, ``abort()`` or ``Http404`` into one before we see it) rolls the
 handler's writes back, and a deterministic 4xx is still stored and replayed.
 
+SQLite has one write lock for the whole database: a request that waits for it may wait
+for another key's request. That wait has its own bound (:data:`LOCK_WAIT`), and running
+out of it is answered 503 ``store-unavailable``, never 409 ``in-flight``.
+
 ASGI: the transaction commits when the app sends its last body chunk, and the answer is
 sent; only then does the app go on (Starlette background tasks), outside the
 transaction, never changing what is stored.
@@ -40,6 +44,8 @@ __all__ = ["refused", "run_asgi", "run_wsgi"]
 
 TX_KEY = "onceonly.tx"
 SAVEPOINT = "onceonly_handler"
+LOCK_WAIT = 10.0
+"""Seconds an atomic request waits for a database-wide write lock (SQLite)."""
 _CLAIM_ERRORS = (PayloadMismatch, InFlight, DeadLettered, StoreUnavailable)
 
 
@@ -68,6 +74,21 @@ def _options(
         "keep_payload": False,
         "max_result_bytes": 8 * settings.policy.max_response_bytes + 65536,
     }
+
+
+def _lock_inbox(options: dict[str, Any], exc: InFlight) -> dict[str, Any]:
+    """The options of a second try after ``exc``: a database-wide lock (no key named, the
+    SQLite write lock) waited for up to :data:`LOCK_WAIT`; a key in flight is re-raised."""
+    if exc.key is not None:
+        raise exc
+    return {**options, "wait": max(options["wait"], LOCK_WAIT)}
+
+
+def _lock_timeout(exc: InFlight) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"the database write lock stayed held for {LOCK_WAIT} s (other requests are "
+        f"writing); retry later: {exc}"
+    )
 
 
 def _check(status: int, headers: list[tuple[str, str]], size: int, policy: core.HttpPolicy) -> None:
@@ -133,7 +154,7 @@ async def run_asgi(
     send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
 ) -> None:
     """Run the ASGI ``app`` in atomic mode and send the answer (see the module doc)."""
-    inbox = AsyncInbox(store, **_options(store, step, settings, rule, fp))
+    options = _options(store, step, settings, rule, fp)
     response = _Response()
     last = asyncio.Event()  # the app sent its last body chunk
     answered = asyncio.Event()  # the transaction ended and the answer was sent
@@ -174,7 +195,14 @@ async def run_asgi(
 
     try:
         try:
-            got = await inbox.process(step.key, None, handler)
+            try:
+                got = await AsyncInbox(store, **options).process(step.key, None, handler)
+            except InFlight as exc:
+                slower = AsyncInbox(store, **_lock_inbox(options, exc))
+                try:
+                    got = await slower.process(step.key, None, handler)
+                except InFlight as again:
+                    raise _lock_timeout(again) if again.key is None else again from None
         except _NotStored as exc:
             answer = _not_stored(exc, step, response)
         except _CLAIM_ERRORS as exc:
@@ -199,7 +227,7 @@ def run_wsgi(
     environ: dict[str, Any],
 ) -> tuple[int, list[tuple[str, str]], bytes]:  # fmt: skip
     """Run the WSGI ``app`` in atomic mode; the answer to return."""
-    inbox = Inbox(store, **_options(store, step, settings, rule, fp))
+    options = _options(store, step, settings, rule, fp)
     response = _Response()
     body = environ["wsgi.input"].read()
 
@@ -226,7 +254,13 @@ def run_wsgi(
         return response.doc(settings.policy)
 
     try:
-        got = inbox.process(step.key, None, handler)
+        try:
+            got = Inbox(store, **options).process(step.key, None, handler)
+        except InFlight as exc:
+            try:
+                got = Inbox(store, **_lock_inbox(options, exc)).process(step.key, None, handler)
+            except InFlight as again:
+                raise _lock_timeout(again) if again.key is None else again from None
     except _NotStored as exc:
         return _not_stored(exc, step, response)
     except _CLAIM_ERRORS as exc:
