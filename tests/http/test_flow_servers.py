@@ -77,6 +77,7 @@ def test_atomic_commits_before_background_tasks(env: dict[str, str]) -> None:
         assert other.status_code == 201 and time.monotonic() - started < 2.0
         replay = c.post("/atomic-background", json={"item": "a"}, headers=hdrs("a1"))
         assert replay.headers["idempotent-replayed"] == "true"
+    assert Path(env["EFFECTS"] + ".bg").read_text() == "a committed\n"
 
 
 def test_unstored_5xx_releases_before_it_is_sent(env: dict[str, str]) -> None:

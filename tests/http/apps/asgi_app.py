@@ -8,6 +8,7 @@ line each time the handler starts), LEASE (seconds).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -76,6 +77,29 @@ async def with_background(request: Request, tasks: BackgroundTasks) -> dict[str,
     return {"order": n}
 
 
+def committed(item: str) -> bool:
+    """Whether a row for ``item`` is visible to another connection (committed)."""
+    url = os.environ["ONCEONLY_URL"]
+    if url.startswith("sqlite"):
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
+            sql = f"SELECT count(*) FROM {ORDERS} WHERE item = ?"
+            return bool(conn.execute(sql, (item,)).fetchone()[0])
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        sql = f"SELECT count(*) FROM {ORDERS} WHERE item = %s"
+        row = conn.execute(sql, (item,)).fetchone()
+        return bool(row and row[0])
+
+
+def seen_by_background(item: str) -> None:
+    """A background task's first look (before it awaits anything): committed or not."""
+    with open(EFFECTS + ".bg", "a") as f:
+        f.write(f"{item} {'committed' if committed(item) else 'uncommitted'}\n")
+
+
 @app.post("/atomic-background", status_code=201)
 async def atomic_background(
     request: Request, tasks: BackgroundTasks, tx: Annotated[onceonly.AsyncTx, idempotent_tx()]
@@ -83,6 +107,7 @@ async def atomic_background(
     body = await request.json()
     await tx.execute(f"INSERT INTO {ORDERS} (item) VALUES (?)", (body.get("item"),))
     effect()
+    tasks.add_task(seen_by_background, str(body.get("item")))
     tasks.add_task(background, request)
     return {"item": body.get("item")}
 
