@@ -389,9 +389,12 @@ class LeasedRunner:
     Args:
         store: the store holding the records.
         scope: the namespace of the keys.
-        policy: the lease length and ``max_attempts``.
+        policy: the lease length and ``max_attempts`` (internal; else ``lease`` and
+            ``max_attempts``).
         ttl: seconds a completed key is replayed (``None``: for ever).
         wait: seconds :meth:`claim` waits for a live claim elsewhere before ``InFlight``.
+        lease: seconds a claim is held without renewal (renewed every third of it).
+        max_attempts: failed runs of one key before it is dead.
         cache_errors: exceptions stored as the outcome (replayed) instead of failing.
         max_result_bytes: the bound on an encoded result.
         result_type: what replayed results are rebuilt as.
@@ -409,9 +412,11 @@ class LeasedRunner:
         store: Store,
         *,
         scope: str,
-        policy: Policy,
-        ttl: float | None,
-        wait: float,
+        policy: Policy | None = None,
+        ttl: float | None = None,
+        wait: float = 0.0,
+        lease: float = 30.0,
+        max_attempts: int = 5,
         cache_errors: tuple[type[BaseException], ...] = (),
         max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
         result_type: Any = None,
@@ -422,7 +427,7 @@ class LeasedRunner:
         self.store = store
         self.events = EventHook(listeners)
         self.scope = scope
-        self.policy = policy
+        self.policy = policy if policy is not None else Policy(lease, max_attempts)
         self.ttl = ttl
         self.wait = wait
         self.cache_errors = cache_errors
