@@ -64,7 +64,7 @@ from onceonly.errors import (
     TooLarge,
 )
 from onceonly.events import Event, EventHook, EventKind, Listener, Observation
-from onceonly.outcome import failure_write, new_token, random_fraction, replayed_result
+from onceonly.outcome import Replay, failure_write, new_token, random_fraction, replayed_result
 from onceonly.types import Store
 
 __all__ = ["Claim", "LeasedRunner", "Replay", "current_claim"]
@@ -368,19 +368,6 @@ class Claim:
                 scope=self.scope,
             )
         return done
-
-
-@dataclass(frozen=True)
-class Replay:
-    """What :meth:`LeasedRunner.acquire` returns for a completed key: replay it.
-
-    Attributes:
-        record: the completed record (``result`` holds the stored outcome).
-
-    .. versionadded:: 0.4
-    """
-
-    record: Record
 
 
 class LeasedRunner:

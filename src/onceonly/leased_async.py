@@ -63,7 +63,7 @@ from onceonly.errors import (
     TooLarge,
 )
 from onceonly.events import Event, EventHook, EventKind, Listener, Observation
-from onceonly.outcome import failure_write, new_token, random_fraction, replayed_result
+from onceonly.outcome import Replay, failure_write, new_token, random_fraction, replayed_result
 from onceonly.types import AsyncStore
 
 __all__ = ["AsyncClaim", "AsyncLeasedRunner", "Replay", "current_async_claim"]
@@ -371,19 +371,6 @@ class AsyncClaim:
                 scope=self.scope,
             )
         return done
-
-
-@dataclass(frozen=True)
-class Replay:
-    """What :meth:`AsyncLeasedRunner.acquire` returns for a completed key: replay it.
-
-    Attributes:
-        record: the completed record (``result`` holds the stored outcome).
-
-    .. versionadded:: 0.4
-    """
-
-    record: Record
 
 
 class AsyncLeasedRunner:
