@@ -119,9 +119,11 @@ def test_django_http404_rolls_back(env: dict[str, str]) -> None:
     assert runs(env) == 1
 
 
-def test_django_async_view(env: dict[str, str]) -> None:
-    """An async view behind the middleware runs once and is replayed (issue 19 I)."""
-    with serve("django", env) as s, httpx.Client(base_url=s.url, timeout=30) as c:
+@pytest.mark.parametrize("server", ["django", "django-asgi"])
+def test_django_async_view(env: dict[str, str], server: str) -> None:
+    """An async view behind the middleware runs once and is replayed, under a WSGI
+    (waitress) and an ASGI (uvicorn) server (issue 19 I)."""
+    with serve(server, env) as s, httpx.Client(base_url=s.url, timeout=30) as c:
         a1 = c.post("/async", json={"item": "a"}, headers=hdrs("as"))
         a2 = c.post("/async", json={"item": "a"}, headers=hdrs("as"))
         assert a1.status_code == a2.status_code == 201

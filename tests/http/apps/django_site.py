@@ -52,6 +52,7 @@ settings.configure(
 )
 django.setup()
 
+from django.core.asgi import get_asgi_application  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.core.wsgi import get_wsgi_application  # noqa: E402
 from django.db import connection  # noqa: E402
@@ -105,3 +106,4 @@ async def acreate(request: HttpRequest) -> JsonResponse:
 
 urlpatterns = [path("orders", create), path("atomic", atomic), path("async", acreate)]
 application = get_wsgi_application()
+asgi_application = get_asgi_application()
