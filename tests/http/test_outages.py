@@ -92,6 +92,7 @@ def test_store_lost_during_the_handler_answers_within_the_budget(
             )
             took = time.monotonic() - started
         assert r.status_code == 201 and r.json()["item"] == "a"
+        print(f"{server}: answered after {took:.1f} s")
         assert took < HANDLER + BUDGET + 2.0, f"answered after {took:.1f} s"
     finally:
         pg_proxy.close()
