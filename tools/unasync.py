@@ -25,6 +25,7 @@ SOURCES = [
     "src/onceonly/inbox_leased_async.py",
     "src/onceonly/inbox_async.py",
     "src/onceonly/leased_async.py",
+    "src/onceonly/http/_flow_async.py",
     "src/onceonly/stores/postgres_session_async.py",
     "src/onceonly/stores/postgres_transaction_async.py",
     "src/onceonly/stores/postgres_async.py",

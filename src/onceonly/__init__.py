@@ -24,6 +24,7 @@ from onceonly.errors import (
     MissingMessageId,
     NotMigrated,
     OnceOnlyError,
+    OutcomeNotRecorded,
     PayloadMismatch,
     PublishError,
     ReplayedError,
@@ -40,8 +41,8 @@ from onceonly.inbox import Inbox, Tx
 from onceonly.inbox_async import AsyncInbox, AsyncTx
 from onceonly.inbox_batch import BatchItem
 from onceonly.keys import composite_key, content_key, time_window_key, uuid7, validate_key
-from onceonly.leased import Claim, current_claim
-from onceonly.leased_async import AsyncClaim, current_async_claim
+from onceonly.leased import Claim, LeasedRunner, Replay, current_claim
+from onceonly.leased_async import AsyncClaim, AsyncLeasedRunner, current_async_claim
 from onceonly.messaging import AsyncPublisher, Delivery, OutboxMessage, Publisher
 from onceonly.open import open_async_store, open_store
 from onceonly.outbox import Outbox
@@ -59,6 +60,7 @@ __all__ = [
     "AsyncAdmin",
     "AsyncClaim",
     "AsyncInbox",
+    "AsyncLeasedRunner",
     "AsyncOutbox",
     "AsyncPublisher",
     "AsyncRelay",
@@ -76,17 +78,20 @@ __all__ = [
     "InvalidKey",
     "InvalidPayload",
     "LeaseLost",
+    "LeasedRunner",
     "MissingMessageId",
     "NotMigrated",
     "OnceOnlyError",
     "Outbox",
     "OutboxMessage",
     "Outcome",
+    "OutcomeNotRecorded",
     "PayloadMismatch",
     "PublishError",
     "Publisher",
     "Relay",
     "RelayStats",
+    "Replay",
     "ReplayedError",
     "StoreError",
     "StoreMisconfigured",

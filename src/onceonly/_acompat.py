@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import heapq
 import itertools
@@ -16,8 +17,11 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 log = logging.getLogger("onceonly.lease")
+
+T = TypeVar("T")
 
 monotonic = time.monotonic
 
@@ -28,6 +32,76 @@ def sleep(seconds: float) -> None:
 
 async def asleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
+
+
+def within(fn: Callable[[], T], timeout: float | None) -> T:
+    """``fn()``, abandoned after ``timeout`` seconds (``None``: no bound).
+
+    A bounded call runs in a worker thread: a blocking driver call (a pool waiting for a
+    connection) cannot be interrupted, so the caller stops waiting for it instead. An
+    abandoned call finishes on its own; only idempotent calls (fenced writes) may be
+    bounded this way.
+
+    Raises:
+        TimeoutError: ``fn`` did not return within ``timeout``.
+    """
+    if timeout is None:
+        return fn()
+    future = _bounded_pool().submit(fn)
+    try:
+        return future.result(timeout=max(timeout, 0.0))
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError(f"no answer within {timeout:.1f} s") from None
+
+
+async def within_async(fn: Callable[[], Awaitable[T]], timeout: float | None) -> T:
+    """``await fn()``, abandoned after ``timeout`` seconds (``None``: no bound).
+
+    The call runs in a task that is cancelled at the bound, and not waited for: a driver
+    may take long to handle its cancellation (a cancel request to a server that does
+    not answer). Only idempotent calls (fenced writes) may be bounded this way.
+
+    Raises:
+        TimeoutError: ``fn`` did not return within ``timeout``.
+    """
+    if timeout is None:
+        return await fn()
+
+    async def call() -> T:
+        return await fn()
+
+    task = asyncio.ensure_future(call())
+    done, _ = await asyncio.wait({task}, timeout=max(timeout, 0.0))
+    if task in done:
+        return task.result()
+    task.cancel()
+    _abandoned.add(task)
+    task.add_done_callback(_abandoned.discard)
+    task.add_done_callback(_retrieve)
+    raise TimeoutError(f"no answer within {timeout:.1f} s")
+
+
+_abandoned: set[asyncio.Future[Any]] = set()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned task's outcome, so it is never reported as lost."""
+    if not task.cancelled():
+        task.exception()
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+
+
+def _bounded_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool, _pool_pid
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = concurrent.futures.ThreadPoolExecutor(32, "onceonly-bounded")
+            _pool_pid = os.getpid()
+        return _pool
 
 
 def gather(thunks: list[Callable[[], None]], limit: int) -> None:

@@ -17,6 +17,7 @@ The tree is organised by what the caller does next::
     ├── InFlight                             a live claim elsewhere: retry later / nack / 409
     ├── DeadLettered                         max_attempts reached: dead-letter it
     ├── LeaseLost                            your claim was taken over: discard your result
+    ├── OutcomeNotRecorded                   the effect ran, its result is not stored: reconcile
     ├── ReplayedError                        a cached error whose class could not be rebuilt
     ├── PublishError                         the broker refused a message (permanent)
     │   └── BrokerUnavailable                transient: unreachable, connection lost, timeout
@@ -46,6 +47,7 @@ __all__ = [
     "MissingMessageId",
     "NotMigrated",
     "OnceOnlyError",
+    "OutcomeNotRecorded",
     "PayloadMismatch",
     "PublishError",
     "ReplayedError",
@@ -201,6 +203,36 @@ class LeaseLost(OnceOnlyError):
     """
 
     status_hint = 409
+
+
+class OutcomeNotRecorded(OnceOnlyError):
+    """The function ran (its effect happened) but its outcome could not be stored.
+
+    Leased mode retries the final write while the claim is still its own (renewing the
+    lease, within ``final_write_budget`` when one is set); this is raised when the store
+    stayed unreachable for all of it. It is **not** :class:`StoreUnavailable` ("nothing
+    happened, retry"): a blind retry would run the effect again once the lease lapses.
+    Reconcile instead (look the effect up downstream by ``key``), or retry knowing the
+    downstream call is itself idempotent on ``key``.
+
+    Attributes:
+        result: the value the function returned (``None`` for a failure).
+
+    .. versionadded:: 0.4
+    """
+
+    status_hint = 500
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        scope: str | None = None,
+        result: object = None,
+    ) -> None:
+        super().__init__(message, key=key, scope=scope)
+        self.result = result
 
 
 class ReplayedError(OnceOnlyError):

@@ -164,4 +164,4 @@ def renew_lease(inbox: Inbox, claim: Claim) -> bool:
     runner = inbox._leased
     if claim.lost or runner is None:
         return not claim.lost
-    return runner._renew(claim)
+    return claim.renew()

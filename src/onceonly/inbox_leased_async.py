@@ -163,4 +163,4 @@ async def renew_lease(inbox: AsyncInbox, claim: AsyncClaim) -> bool:
     runner = inbox._leased
     if claim.lost or runner is None:
         return not claim.lost
-    return await runner._renew(claim)
+    return await claim.renew()

@@ -22,9 +22,22 @@ from onceonly.errors import (
     ReplayedError,
 )
 
-__all__ = ["Outcome"]
+__all__ = ["Outcome", "Replay"]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What :meth:`onceonly.LeasedRunner.acquire` returns for a completed key: replay it.
+
+    Attributes:
+        record: the completed record (``result`` holds the stored outcome).
+
+    .. versionadded:: 0.4
+    """
+
+    record: Record
 
 
 @one_step_init

@@ -23,9 +23,14 @@ def free_port() -> int:
 
 
 def command(server: str, port: int) -> list[str]:
-    if server == "uvicorn":
+    if server in ("uvicorn", "django-asgi"):
+        app = (
+            "tests.http.apps.django_site:asgi_application"
+            if server == "django-asgi"
+            else "tests.http.apps.asgi_app:app"
+        )
         return [
-            sys.executable, "-m", "uvicorn", "tests.http.apps.asgi_app:app",
+            sys.executable, "-m", "uvicorn", app,
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
         ]  # fmt: skip
     target = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -56,6 +57,23 @@ def make_app(store: Any, calls: list[Any], **options: Any) -> FastAPI:
     async def big() -> Response:
         calls.append("big")
         return Response(b"x" * 2048)
+
+    @app.post("/gzip", dependencies=[idempotency_key()])
+    async def gzipped() -> Response:
+        calls.append("gzip")
+        body = gzip.compress(b'{"order": 1}')
+        return Response(body, media_type="application/json", headers={"Content-Encoding": "gzip"})
+
+    @app.post("/stream-rerun")
+    @idempotency("optional", rerun_unstored=True)
+    async def stream_rerun() -> StreamingResponse:
+        calls.append("stream-rerun")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"a"
+            yield b"b"
+
+        return StreamingResponse(chunks())
 
     @app.post("/wait", dependencies=[idempotency_key(wait=5.0)])
     async def slow(request: Request) -> JSONResponse:
@@ -208,15 +226,31 @@ async def test_exception_releases(client: httpx.AsyncClient, calls: list[Any]) -
 
 
 @pytest.mark.parametrize("path", ["/stream", "/big"])
-async def test_streams_and_big_bodies_are_not_stored(
+async def test_streams_and_big_bodies_complete_unkept(
     client: httpx.AsyncClient, calls: list[Any], path: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A streamed or over-limit response reaches the client whole, is not stored, and warns."""
+    """A streamed or over-limit response reaches the client whole; a retry never runs it
+    again but gets 409 replay-unavailable (issue 19 G)."""
+    with caplog.at_level(logging.WARNING, logger="onceonly.http"):
+        r = await client.post(path, headers=hdrs())
+        assert r.status_code == 200 and r.content in (b"ab", b"x" * 2048)
+        again = await client.post(path, headers=hdrs())
+    assert again.status_code == 409
+    assert again.headers["content-type"] == "application/problem+json"
+    assert again.json()["type"] == PROBLEM_TYPE_BASE + "replay-unavailable"
+    assert calls == [path[1:]]
+    assert "without a replayable response" in caplog.text
+
+
+async def test_a_route_may_rerun_unkept_responses(
+    client: httpx.AsyncClient, calls: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """rerun_unstored=True gives the key of a stream back: the retry runs again."""
     with caplog.at_level(logging.WARNING, logger="onceonly.http"):
         for _ in range(2):
-            r = await client.post(path, headers=hdrs())
-            assert r.status_code == 200 and r.content in (b"ab", b"x" * 2048)
-    assert calls == [path[1:]] * 2
+            r = await client.post("/stream-rerun", headers=hdrs())
+            assert r.status_code == 200 and r.content == b"ab"
+    assert calls == ["stream-rerun"] * 2
     assert "the key is released" in caplog.text
 
 
@@ -316,3 +350,22 @@ async def test_long_handler_keeps_its_lease(leased_async_store: Any) -> None:
         assert second.status_code == 409
         assert (await first).status_code == 201
     assert len(calls) == 1
+
+
+async def test_gzip_replay_is_readable(client: httpx.AsyncClient, calls: list[Any]) -> None:
+    """Content-Encoding is stored with the body: a gzip response replays readable."""
+    first = await client.post("/gzip", headers=hdrs())
+    again = await client.post("/gzip", headers=hdrs())
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.headers["content-encoding"] == "gzip"
+    assert first.json() == again.json() == {"order": 1}
+    assert calls == ["gzip"]
+
+
+async def test_in_flight_retry_after_is_short(client: httpx.AsyncClient, calls: list[Any]) -> None:
+    """A 409 in-flight says Retry-After of at most 2 s, not the whole 30 s lease."""
+    first = asyncio.ensure_future(client.post("/orders", json={"sleep": 0.6}, headers=hdrs()))
+    await asyncio.sleep(0.2)
+    second = await client.post("/orders", json={"sleep": 0.6}, headers=hdrs())
+    await first
+    assert second.status_code == 409 and 1 <= int(second.headers["retry-after"]) <= 2

@@ -11,9 +11,9 @@ from typing import Annotated, Any
 
 import httpx
 import pytest
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from flask import Flask
+from flask import Flask, abort
 from flask import request as flask_request
 
 import onceonly
@@ -49,6 +49,8 @@ def asgi_app(store: Any, orders: str) -> FastAPI:
         status = int(body.get("status", 201))
         if body.get("raise"):
             raise RuntimeError("boom")
+        if body.get("http_error"):
+            raise HTTPException(int(body["http_error"]), "refused")
         if body.get("stream"):
 
             async def chunks() -> AsyncIterator[bytes]:
@@ -143,6 +145,46 @@ async def test_asgi_unstorable_response_rolls_back(
         r = await c.post("/orders", json={"item": "a", "stream": True}, headers=H)
     assert r.status_code == 500 and r.json()["type"].endswith("#response-not-stored")
     assert rows(where) == 0 and "rolled back" in caplog.text
+
+
+@pytest.mark.parametrize("code", [400, 404])
+async def test_asgi_http_exception_rolls_back_writes(
+    asgi: tuple[httpx.AsyncClient, str], where: tuple[str, str], code: int
+) -> None:
+    """A handler that writes through tx, then raises HTTPException: its writes roll back;
+    the deterministic 4xx is stored and replayed (issue 19 D)."""
+    c, _ = asgi
+    body = {"item": "a", "http_error": code}
+    first = await c.post("/orders", json=body, headers=H)
+    again = await c.post("/orders", json=body, headers=H)
+    assert first.status_code == again.status_code == code
+    assert again.headers["idempotent-replayed"] == "true"
+    assert rows(where) == 0
+
+
+def test_flask_abort_rolls_back_writes(where: tuple[str, str]) -> None:
+    """Flask: a view that writes through current_tx() and then abort(404)s commits nothing;
+    the 404 is replayed (issue 19 D)."""
+    url, table = where
+    store = onceonly.open_store(url, table=table, outbox_table=f"{table}_outbox", migrate=True)
+    with store.transaction() as s:
+        s.execute(f"CREATE TABLE {table}_orders (item TEXT)")
+    app = Flask(__name__)
+
+    @app.post("/orders")
+    @idempotency("required", atomic=True)
+    def create() -> Any:
+        current_tx().execute(f"INSERT INTO {table}_orders (item) VALUES (?)", ("a",))
+        abort(404)
+
+    OnceOnly(app, store=store, principal=lambda r: r.headers.get("x-user"))
+    c = app.test_client()
+    first = c.post("/orders", json={}, headers=H)
+    again = c.post("/orders", json={}, headers=H)
+    assert first.status_code == again.status_code == 404
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert rows(where) == 0
+    store.close()
 
 
 def test_flask_atomic(where: tuple[str, str]) -> None:

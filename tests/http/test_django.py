@@ -104,3 +104,28 @@ def test_django_atomic(env: dict[str, str]) -> None:
         failed = c.post("/atomic", json={"item": "x", "status": 500}, headers=hdrs("k5"))
         assert failed.status_code == 500 and orders(env, s) == 1
     assert runs(env) == 3
+
+
+def test_django_http404_rolls_back(env: dict[str, str]) -> None:
+    """An atomic view that writes, then raises Http404, commits nothing and its 404 is
+    replayed (issue 19 D)."""
+    with serve("django", env) as s, httpx.Client(base_url=s.url, timeout=30) as c:
+        body = {"item": "gone", "http404": True}
+        first = c.post("/atomic", json=body, headers=hdrs("nf"))
+        again = c.post("/atomic", json=body, headers=hdrs("nf"))
+        assert first.status_code == again.status_code == 404
+        assert again.headers["idempotent-replayed"] == "true"
+        assert orders(env, s) == 0
+    assert runs(env) == 1
+
+
+@pytest.mark.parametrize("server", ["django", "django-asgi"])
+def test_django_async_view(env: dict[str, str], server: str) -> None:
+    """An async view behind the middleware runs once and is replayed, under a WSGI
+    (waitress) and an ASGI (uvicorn) server (issue 19 I)."""
+    with serve(server, env) as s, httpx.Client(base_url=s.url, timeout=30) as c:
+        a1 = c.post("/async", json={"item": "a"}, headers=hdrs("as"))
+        a2 = c.post("/async", json={"item": "a"}, headers=hdrs("as"))
+        assert a1.status_code == a2.status_code == 201
+        assert a1.json() == a2.json() and a2.headers["idempotent-replayed"] == "true"
+    assert runs(env) == 1

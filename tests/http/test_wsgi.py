@@ -146,16 +146,50 @@ def test_exception_releases(client: FlaskClient, calls: list[Any]) -> None:
 
 
 @pytest.mark.parametrize("path", ["/stream", "/big"])
-def test_streams_and_big_bodies_are_not_stored(
+def test_streams_and_big_bodies_complete_unkept(
     client: FlaskClient, calls: list[Any], path: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Streamed and over-limit responses pass through whole, run again, and warn."""
+    """Streamed and over-limit responses pass through whole; a retry never runs them again
+    and gets 409 replay-unavailable (issue 19 G)."""
     with caplog.at_level(logging.WARNING, logger="onceonly.http"):
-        for _ in range(2):
-            r = client.post(path, headers=hdrs())
-            assert r.status_code == 200 and r.data in (b"ab", b"x" * 2048)
-    assert calls == [path[1:]] * 2
-    assert "the key is released" in caplog.text
+        r = client.post(path, headers=hdrs())
+        assert r.status_code == 200 and r.data in (b"ab", b"x" * 2048)
+        again = client.post(path, headers=hdrs())
+    assert again.status_code == 409 and again.json["type"].endswith("#replay-unavailable")
+    assert calls == [path[1:]]
+    assert "without a replayable response" in caplog.text
+
+
+def test_oversized_body_is_refused_unread(leased_store: Any) -> None:
+    """A keyed request declaring a body over the limit gets 413 and its body is never read
+    (issue 19 G: 200 MiB were read into memory first)."""
+    from onceonly.http.wsgi import IdempotencyMiddleware
+
+    class Body:
+        read_bytes = 0
+
+        def read(self, n: int = -1) -> bytes:
+            size = 200 * 1024 * 1024 if n < 0 else n
+            self.read_bytes += size
+            return b"x" * min(size, 1 << 20)
+
+    ran: list[int] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        ran.append(1)
+        start_response("201 Created", [("Content-Length", "0")])
+        return [b""]
+
+    mw = IdempotencyMiddleware(app, leased_store, principal=lambda r: "alice", default="required")
+    body = Body()
+    environ = {
+        "REQUEST_METHOD": "POST", "PATH_INFO": "/up", "CONTENT_LENGTH": str(200 * 1024 * 1024),
+        "HTTP_IDEMPOTENCY_KEY": "k1", "wsgi.input": body,
+    }  # fmt: skip
+    seen: list[str] = []
+    out = mw(environ, lambda status, headers, exc_info=None: seen.append(status))
+    assert seen == ["413 Request Entity Too Large"] and b"request-too-large" in b"".join(out)
+    assert body.read_bytes == 0 and ran == []
 
 
 def test_oversized_request_is_413(client: FlaskClient, calls: list[Any]) -> None:

@@ -19,8 +19,10 @@ Defaults follow draft-ietf-httpapi-idempotency-key-header; every one is a field 
    chosen headers): the same key with another request is 422 ``key-mismatch``.
 6. After the handler: 2xx, 3xx and deterministic 4xx are stored; 5xx only with
    ``store_server_errors``; 401, 403, 407, 408, 409, 423, 425 and 429 never (they depend
-   on time or credentials). A response without ``Content-Length`` (a stream) or larger
-   than ``max_response_bytes`` is not stored: the claim is released.
+   on time or credentials); a response not stored gives the key back before it is sent.
+   A response without ``Content-Length`` (a stream) or larger than
+   ``max_response_bytes`` cannot be kept: the key completes as served and a duplicate
+   gets 409 ``replay-unavailable`` (``RouteRule.rerun_unstored``: given back instead).
 7. A replay carries the stored status, body and the allow-listed headers, plus
    ``Idempotent-Replayed: true``; ``Set-Cookie`` and authentication headers are never
    stored.
@@ -36,10 +38,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from onceonly._core.http_replay import (
+    BODY_HEADERS,
     NO_BODY,
     StoredResponse,
     decode_response,
     encode_response,
+    encode_unavailable,
     replay_headers,
     response_doc,
     response_from_doc,
@@ -60,6 +64,7 @@ __all__ = [
     "StoredResponse",
     "decode_response",
     "encode_response",
+    "encode_unavailable",
     "kept_headers",
     "match_route",
     "plan",
@@ -116,11 +121,15 @@ class RouteRule:
             (then replays it) before answering 409; 0 answers 409 at once.
         atomic: atomic mode (SQL stores): the claim, the handler's writes through ``tx``
             and the stored response commit in one transaction; the key is required.
+        rerun_unstored: a response that cannot be kept (a stream, over the size limit)
+            gives the key back, so a retry runs the handler again; by default the key
+            completes and a duplicate gets 409 ``replay-unavailable``.
     """
 
     requirement: Requirement = Requirement.OPTIONAL
     wait: float = 0.0
     atomic: bool = False
+    rerun_unstored: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.requirement, Requirement):
@@ -141,7 +150,7 @@ class HttpPolicy:
         fingerprint_headers: request headers that count in the fingerprint too.
         replay_headers: response headers stored and replayed.
         max_request_bytes: larger request bodies carrying a key get 413.
-        max_response_bytes: larger responses are not stored (the claim is released).
+        max_response_bytes: larger responses are not kept (see ``RouteRule.rerun_unstored``).
         store_server_errors: store 5xx responses too (default: release, so a retry runs).
         anonymous: ``"reject"`` (403) or ``"pass"`` (run unprotected) when the request
             has a key but the principal callable found no principal.
@@ -221,6 +230,7 @@ _TITLES = {
     "key-exhausted": (409, "This idempotency key failed too many times"),
     "store-unavailable": (503, "Idempotency store unavailable"),
     "response-not-stored": (500, "The response could not be stored; nothing was committed"),
+    "replay-unavailable": (409, "The request with this key was served; its response was not kept"),
 }
 
 
@@ -344,7 +354,7 @@ def kept_headers(
     headers: Iterable[tuple[str, str]], policy: HttpPolicy
 ) -> tuple[tuple[str, str], ...]:
     """The allow-listed response headers, lower-cased, in order."""
-    allow = set(policy.replay_headers) - NEVER_STORED_HEADERS
+    allow = (set(policy.replay_headers) | BODY_HEADERS) - NEVER_STORED_HEADERS
     return tuple((n.lower(), v) for n, v in headers if n.lower() in allow)
 
 

@@ -5,6 +5,13 @@ A record's result is a JSON document ``{"http": 1, "status", "headers", "encodin
 "body"}``; the body is text when it is UTF-8, else base64. A replay carries the stored
 status, body and headers, a recomputed ``Content-Length`` (none for 204 and 304) and
 ``Idempotent-Replayed: true``.
+
+A response that ran but could not be kept (a stream, over the size limit) completes its
+key with ``{"http": 1, "unavailable": reason}``: duplicates learn that the request was
+served and that its response cannot be replayed, and never run it again.
+
+``Content-Encoding`` is stored with the body whatever the allow-list says: a gzip body
+without it is unreadable (:data:`BODY_HEADERS`).
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ from onceonly._core.state import Record
 from onceonly.errors import CorruptRecord
 
 __all__ = [
+    "BODY_HEADERS",
     "NO_BODY",
     "StoredResponse",
     "decode_response",
     "encode_response",
+    "encode_unavailable",
     "replay_headers",
     "response_doc",
     "response_from_doc",
@@ -29,14 +38,22 @@ __all__ = [
 NO_BODY = frozenset({204, 304})
 """Statuses without a body, and without Content-Length (RFC 9110 §8.6)."""
 
+BODY_HEADERS = frozenset({"content-encoding"})
+"""Headers that describe the stored bytes themselves: always stored with them."""
+
 
 @dataclass(frozen=True)
 class StoredResponse:
-    """A response as stored and replayed."""
+    """A response as stored and replayed.
+
+    ``unavailable`` is set (the reason) for a request that was served but whose response
+    could not be kept; ``status``, ``headers`` and ``body`` are then empty.
+    """
 
     status: int
     headers: tuple[tuple[str, str], ...] = ()
     body: bytes = b""
+    unavailable: str | None = None
 
 
 def response_doc(response: StoredResponse) -> dict[str, object]:
@@ -59,6 +76,11 @@ def encode_response(response: StoredResponse) -> str:
     return json.dumps(response_doc(response), separators=(",", ":"))
 
 
+def encode_unavailable(reason: str) -> str:
+    """The record text of a served request whose response was not kept (``reason``)."""
+    return json.dumps({"http": 1, "unavailable": reason[:500]}, separators=(",", ":"))
+
+
 def response_from_doc(doc: object, scope: str, key: str) -> StoredResponse:
     """The response a :func:`response_doc` describes (``scope``/``key`` name it in errors).
 
@@ -68,6 +90,8 @@ def response_from_doc(doc: object, scope: str, key: str) -> StoredResponse:
     try:
         if not isinstance(doc, dict) or doc.get("http") != 1:
             raise ValueError("not an HTTP response record")
+        if "unavailable" in doc:
+            return StoredResponse(0, unavailable=str(doc["unavailable"]))
         raw = doc["body"]
         body = base64.b64decode(raw) if doc["encoding"] == "base64" else raw.encode("utf-8")
         headers = tuple((str(n), str(v)) for n, v in doc["headers"])

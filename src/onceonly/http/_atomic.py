@@ -7,12 +7,25 @@ that is not stored (5xx, 429, …) rolls all of it back and is sent as it is. A 
 that cannot be stored (a stream, over the limit) rolls back too and the client gets 500
 ``response-not-stored``: the handler's effects never commit without their response. A
 server that dies mid-request commits nothing, so the retry runs on a clean slate.
+
+The handler runs inside a savepoint: a response of 400 or more (the framework turned
+``HTTPException``, ``abort()`` or ``Http404`` into one before we see it) rolls the
+handler's writes back, and a deterministic 4xx is still stored and replayed.
+
+SQLite has one write lock for the whole database: a request that waits for it may wait
+for another key's request. That wait has its own bound (:data:`LOCK_WAIT`), and running
+out of it is answered 503 ``store-unavailable``, never 409 ``in-flight``.
+
+ASGI: the transaction commits when the app sends its last body chunk, and the answer is
+sent; only then does the app go on (Starlette background tasks), outside the
+transaction, never changing what is stored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from onceonly._core import http as core
@@ -27,9 +40,12 @@ from onceonly.http._common import Settings, log, problem_for
 from onceonly.inbox import Inbox, Tx
 from onceonly.inbox_async import AsyncInbox, AsyncTx
 
-__all__ = ["run_asgi", "run_wsgi"]
+__all__ = ["refused", "run_asgi", "run_wsgi"]
 
 TX_KEY = "onceonly.tx"
+SAVEPOINT = "onceonly_handler"
+LOCK_WAIT = 10.0
+"""Seconds an atomic request waits for a database-wide write lock (SQLite)."""
 _CLAIM_ERRORS = (PayloadMismatch, InFlight, DeadLettered, StoreUnavailable)
 
 
@@ -58,6 +74,21 @@ def _options(
         "keep_payload": False,
         "max_result_bytes": 8 * settings.policy.max_response_bytes + 65536,
     }
+
+
+def _lock_inbox(options: dict[str, Any], exc: InFlight) -> dict[str, Any]:
+    """The options of a second try after ``exc``: a database-wide lock (no key named, the
+    SQLite write lock) waited for up to :data:`LOCK_WAIT`; a key in flight is re-raised."""
+    if exc.key is not None:
+        raise exc
+    return {**options, "wait": max(options["wait"], LOCK_WAIT)}
+
+
+def _lock_timeout(exc: InFlight) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"the database write lock stayed held for {LOCK_WAIT} s (other requests are "
+        f"writing); retry later: {exc}"
+    )
 
 
 def _check(status: int, headers: list[tuple[str, str]], size: int, policy: core.HttpPolicy) -> None:
@@ -106,6 +137,11 @@ def _not_stored(
     return problem.status, problem.headers(), problem.body()
 
 
+def refused(status: int) -> bool:
+    """Whether a response with ``status`` rolls the handler's writes back (a refusal)."""
+    return status >= 400
+
+
 async def run_asgi(
     app: Any,
     store: Any,
@@ -115,12 +151,18 @@ async def run_asgi(
     fp: str,
     scope: MutableMapping[str, Any],
     receive: Callable[[], Any],
-) -> tuple[int, list[tuple[str, str]], bytes]:
-    """Run the ASGI ``app`` in atomic mode; the answer to send."""
-    inbox = AsyncInbox(store, **_options(store, step, settings, rule, fp))
+    send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+) -> None:
+    """Run the ASGI ``app`` in atomic mode and send the answer (see the module doc)."""
+    options = _options(store, step, settings, rule, fp)
     response = _Response()
+    last = asyncio.Event()  # the app sent its last body chunk
+    answered = asyncio.Event()  # the transaction ended and the answer was sent
+    running: list[asyncio.Task[None]] = []
 
-    async def send(message: MutableMapping[str, Any]) -> None:
+    async def capture(message: MutableMapping[str, Any]) -> None:
+        if answered.is_set():
+            return
         if message["type"] == "http.response.start":
             response.status = int(message["status"])
             response.headers = [
@@ -129,20 +171,55 @@ async def run_asgi(
             ]
         elif message["type"] == "http.response.body":
             response.chunks.append(bytes(message.get("body", b"")))
+            if not message.get("more_body", False):
+                last.set()
+                await answered.wait()  # the app goes on once the answer is out
 
     async def handler(_payload: object, tx: AsyncTx) -> dict[str, object]:
         response.chunks.clear()
-        await app({**scope, TX_KEY: tx}, receive, send)
+        last.clear()
+        await tx.execute(f"SAVEPOINT {SAVEPOINT}")
+        task = asyncio.ensure_future(app({**scope, TX_KEY: tx}, receive, capture))
+        running.append(task)
+        ended = asyncio.ensure_future(last.wait())
+        try:
+            await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ended.cancel()
+        if not last.is_set():
+            task.result()  # the app raised (rolls back) or returned without a response
+        if refused(response.status):
+            await tx.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+        await tx.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
         return response.doc(settings.policy)
 
     try:
-        got = await inbox.process(step.key, None, handler)
-    except _NotStored as exc:
-        return _not_stored(exc, step, response)
-    except _CLAIM_ERRORS as exc:
-        problem = problem_for(exc, settings.policy.header)
-        return problem.status, problem.headers(), problem.body()
-    return _answer(got, step, response)
+        try:
+            try:
+                got = await AsyncInbox(store, **options).process(step.key, None, handler)
+            except InFlight as exc:
+                slower = AsyncInbox(store, **_lock_inbox(options, exc))
+                try:
+                    got = await slower.process(step.key, None, handler)
+                except InFlight as again:
+                    raise _lock_timeout(again) if again.key is None else again from None
+        except _NotStored as exc:
+            answer = _not_stored(exc, step, response)
+        except _CLAIM_ERRORS as exc:
+            problem = problem_for(exc, settings.policy.header)
+            answer = problem.status, problem.headers(), problem.body()
+        else:
+            answer = _answer(got, step, response)
+        raw = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in answer[1]]
+        await send({"type": "http.response.start", "status": answer[0], "headers": raw})
+        await send({"type": "http.response.body", "body": answer[2], "more_body": False})
+    finally:
+        answered.set()
+        for task in running:
+            if not task.done() and not last.is_set():
+                task.cancel()
+    for task in running:
+        await task  # background tasks: after the answer; their errors reach the server
 
 
 def run_wsgi(
@@ -150,7 +227,7 @@ def run_wsgi(
     environ: dict[str, Any],
 ) -> tuple[int, list[tuple[str, str]], bytes]:  # fmt: skip
     """Run the WSGI ``app`` in atomic mode; the answer to return."""
-    inbox = Inbox(store, **_options(store, step, settings, rule, fp))
+    options = _options(store, step, settings, rule, fp)
     response = _Response()
     body = environ["wsgi.input"].read()
 
@@ -161,6 +238,7 @@ def run_wsgi(
 
     def handler(_payload: object, tx: Tx) -> dict[str, object]:
         response.chunks.clear()
+        tx.execute(f"SAVEPOINT {SAVEPOINT}")
         result: Iterable[bytes] = app(
             {**environ, TX_KEY: tx, "wsgi.input": io.BytesIO(body)}, start_response
         )
@@ -170,10 +248,19 @@ def run_wsgi(
             close = getattr(result, "close", None)
             if close is not None:
                 close()
+        if refused(response.status):
+            tx.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+        tx.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
         return response.doc(settings.policy)
 
     try:
-        got = inbox.process(step.key, None, handler)
+        try:
+            got = Inbox(store, **options).process(step.key, None, handler)
+        except InFlight as exc:
+            try:
+                got = Inbox(store, **_lock_inbox(options, exc)).process(step.key, None, handler)
+            except InFlight as again:
+                raise _lock_timeout(again) if again.key is None else again from None
     except _NotStored as exc:
         return _not_stored(exc, step, response)
     except _CLAIM_ERRORS as exc:

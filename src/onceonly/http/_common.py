@@ -29,6 +29,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 MARKER = "__onceonly_route__"
 
+DEFAULT_FINAL_WRITE_BUDGET = 5.0
+"""Seconds the response's final write may take in all before the client gets its answer."""
+
+IN_FLIGHT_RETRY_AFTER = 2.0
+"""The longest ``Retry-After`` of a 409 ``in-flight`` (a request usually ends long before
+its lease would lapse)."""
+
 
 @dataclass(frozen=True)
 class HttpRequest:
@@ -69,7 +76,11 @@ def coerce_rule(rule: object) -> core.RouteRule:
 
 
 def idempotency(
-    requirement: str = "required", *, wait: float = 0.0, atomic: bool = False
+    requirement: str = "required",
+    *,
+    wait: float = 0.0,
+    atomic: bool = False,
+    rerun_unstored: bool = False,
 ) -> Callable[[F], F]:
     """Mark a view or endpoint with its :class:`~onceonly.http.RouteRule`.
 
@@ -80,13 +91,16 @@ def idempotency(
         wait: seconds a duplicate waits for the request in progress before 409.
         atomic: atomic mode (SQL stores): the handler's writes through ``tx`` and the
             stored response commit together (Flask: ``onceonly.http.flask.current_tx()``).
+        rerun_unstored: a response that cannot be kept (a stream, over the size limit)
+            gives the key back so a retry runs again, instead of completing the key
+            (duplicates: 409 ``replay-unavailable``).
 
     Returns:
         A decorator returning the function itself, marked.
 
     .. versionadded:: 0.2
     """
-    rule = core.RouteRule(core.Requirement(requirement), wait, atomic)
+    rule = core.RouteRule(core.Requirement(requirement), wait, atomic, rerun_unstored)
 
     def mark(fn: F) -> F:
         setattr(fn, MARKER, rule)
@@ -114,6 +128,7 @@ class Settings:
         ttl: dt.timedelta | float | None,
         lease: dt.timedelta | float,
         max_attempts: int,
+        final_write_budget: dt.timedelta | float = DEFAULT_FINAL_WRITE_BUDGET,
     ) -> None:
         if not callable(principal):
             raise ConfigurationError(
@@ -126,6 +141,7 @@ class Settings:
         self.policy = policy or core.HttpPolicy()
         self.ttl = None if ttl is None else seconds(ttl, what="ttl")
         self.lease = Policy(seconds(lease, what="lease"), max_attempts)
+        self.final_write_budget = seconds(final_write_budget, what="final_write_budget")
 
     def table_rule(self, method: str, path: str) -> tuple[str, core.RouteRule] | None:
         """The route template and rule the ``routes`` table gives ``method path``."""
@@ -153,7 +169,7 @@ def problem_for(exc: OnceOnlyError, header: str) -> core.Problem:
         return core.problem(
             "in-flight",
             "the first request with this key has not finished; retry later",
-            retry_after=exc.retry_after or 1.0,
+            retry_after=min(exc.retry_after or 1.0, IN_FLIGHT_RETRY_AFTER),
         )
     if isinstance(exc, DeadLettered):
         return core.problem("key-exhausted", "use a new key")

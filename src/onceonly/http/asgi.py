@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: MIT
 """ASGI 3 ``IdempotencyMiddleware``: leased mode over any async store (docs/http.md).
 
-The driver of :mod:`onceonly._core.http`: it reads the body, claims the key with the
-leased runner (a lease on the store's clock and a fencing token, renewed while the
-handler runs), buffers the response, stores it fenced by the token, then sends it. The
-store write runs in its own task shielded from cancellation, so a client that hangs up
-does not lose the stored response; a crash leaves a lease that the next retry reclaims.
-Needs an asyncio event loop.
+The ASGI adapter of the HTTP flow (:mod:`onceonly.http._flow_async`): it reads the body,
+lets the flow claim the key, buffers the response and, when the app sends its **last**
+body chunk, lets the flow settle the key and then sends the answer. Whatever the app
+does after that (Starlette background tasks) runs after the client has its response and
+never changes what is stored. The flow's writes run in tasks shielded from cancellation,
+so a client that hangs up does not lose the stored response; a crash leaves a lease
+that the next retry reclaims. Needs an asyncio event loop.
 """
 
 from __future__ import annotations
@@ -14,16 +15,21 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, TypeVar
 
-from onceonly import _acompat
 from onceonly._core import http as core
-from onceonly._core.state import Write, complete_write
-from onceonly.errors import DeadLettered, InFlight, PayloadMismatch, StoreUnavailable
 from onceonly.http import _atomic
-from onceonly.http._common import HttpRequest, Principal, Settings, log, problem_for, rule_of
-from onceonly.leased_async import AsyncClaim, AsyncLeasedRunner, Replay
+from onceonly.http._common import (
+    DEFAULT_FINAL_WRITE_BUDGET,
+    HttpRequest,
+    Principal,
+    Settings,
+    rule_of,
+)
+from onceonly.http._flow_async import Answer, AsyncExchange, AsyncHttpFlow
 from onceonly.types import AsyncStore
+
+T = TypeVar("T")
 
 __all__ = ["IdempotencyMiddleware"]
 
@@ -84,22 +90,31 @@ async def _send_problem(send: Send, problem: core.Problem) -> None:
     await _send_response(send, problem.status, problem.headers(), problem.body())
 
 
-class _Capture:
-    """Buffers a storable response; passes anything else straight to the client."""
+Shield = Callable[[Awaitable[Any]], Awaitable[Any]]
 
-    def __init__(self, send: Send, policy: core.HttpPolicy) -> None:
+
+class _Capture:
+    """The app's ``send``: buffers a storable response until its last chunk, then lets
+    the exchange settle the key and sends the answer; passes anything else through."""
+
+    def __init__(self, send: Send, exchange: AsyncExchange, shield: Shield) -> None:
         self._send = send
-        self.policy = policy
+        self.exchange = exchange
+        self.shield = shield
         self.start: Message | None = None
         self.status = 0
         self.headers: list[tuple[str, str]] = []
         self.chunks: list[bytes] = []
         self.size = 0
-        self.passing = False
-        self.complete = False
-        self.reason: str | None = "the handler sent no response"
+        self.passing = False  # the response goes to the client as the app sends it
+        self.answered = False  # the client got its answer: drop what the app sends
 
     async def send(self, message: Message) -> None:
+        if self.answered:
+            return
+        if self.passing:
+            await self._send(message)
+            return
         kind = message["type"]
         if kind == "http.response.start":
             self.start = message
@@ -108,37 +123,43 @@ class _Capture:
                 (n.decode("latin-1").lower(), v.decode("latin-1"))
                 for n, v in message.get("headers", ())
             ]
-            ok, self.reason = core.should_store(self.status, dict(self.headers), self.policy)
-            if not ok:
-                self.passing = True
-                await self._send(message)
+            reason = self.exchange.storable(self.status, self.headers)
+            if reason is not None:
+                await self._not_stored(reason, more=True)
             return
-        if kind != "http.response.body" or self.passing:
+        if kind != "http.response.body":
             await self._send(message)
             return
         self.chunks.append(bytes(message.get("body", b"")))
         self.size += len(self.chunks[-1])
         more = bool(message.get("more_body", False))
-        if self.size > self.policy.max_response_bytes:
-            self.reason = f"!the response is over the {self.policy.max_response_bytes} byte limit"
-            self.passing = True
-            await self.flush(more)
+        reason = self.exchange.over_limit(self.size)
+        if reason is not None:
+            await self._not_stored(reason, more=more)
             return
         if not more:
-            self.complete = True
+            body = b"".join(self.chunks)
+            answer = await self.shield(self.exchange.store(self.status, self.headers, body))
+            await self._answer(answer, more=False)
 
-    async def flush(self, more: bool = False) -> None:
-        """Send the buffered response to the client."""
+    async def _not_stored(self, reason: str, more: bool) -> None:
+        answer = await self.shield(self.exchange.not_stored(reason))
+        self.passing = answer is None
+        await self._answer(answer, more)
+
+    async def _answer(self, answer: Answer | None, more: bool) -> None:
+        """Send ``answer``, or the app's own response buffered so far."""
+        if answer is not None:
+            self.answered = True
+            await _send_response(self._send, *answer)
+            return
+        self.answered = not more
         assert self.start is not None
         await self._send(self.start)
-        body = b"".join(self.chunks)
-        self.chunks = []
-        await self._send({"type": "http.response.body", "body": body, "more_body": more})
-
-    def stored(self) -> core.StoredResponse:
-        return core.StoredResponse(
-            self.status, core.kept_headers(self.headers, self.policy), b"".join(self.chunks)
-        )
+        if self.chunks or not more:
+            body = b"".join(self.chunks)
+            self.chunks = []
+            await self._send({"type": "http.response.body", "body": body, "more_body": more})
 
 
 class IdempotencyMiddleware:
@@ -160,8 +181,11 @@ class IdempotencyMiddleware:
         ttl: how long a response is replayed (default 24 hours).
         lease: how long a crashed request blocks its key before a retry runs it again.
         max_attempts: crashed runs of one key before it answers 409 ``key-exhausted``.
+        final_write_budget: the most time storing a response may take in all (store
+            outages included) before the client gets the response anyway.
 
     .. versionadded:: 0.2
+    .. versionchanged:: 0.4 ``final_write_budget``.
     """
 
     def __init__(
@@ -176,6 +200,7 @@ class IdempotencyMiddleware:
         ttl: dt.timedelta | float | None = dt.timedelta(hours=24),
         lease: dt.timedelta | float = dt.timedelta(seconds=30),
         max_attempts: int = 5,
+        final_write_budget: dt.timedelta | float = DEFAULT_FINAL_WRITE_BUDGET,
     ) -> None:
         self.app = app
         self.store = store
@@ -187,7 +212,9 @@ class IdempotencyMiddleware:
             ttl=ttl,
             lease=lease,
             max_attempts=max_attempts,
+            final_write_budget=final_write_budget,
         )
+        self.flow = AsyncHttpFlow(store, self.settings)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def _route(self, scope: Scope, method: str, path: str) -> tuple[str, core.RouteRule]:
@@ -241,75 +268,36 @@ class IdempotencyMiddleware:
         body = b"".join(chunks)
         fp = core.request_fingerprint(method, route, body, headers, policy.fingerprint_headers)
         if rule.atomic:
-            answer = await _atomic.run_asgi(
-                self.app, self.store, self.settings, rule, step, fp, scope, _once(body, receive)
+            await _atomic.run_asgi(
+                self.app,
+                self.store,
+                self.settings,
+                rule,
+                step,
+                fp,
+                scope,
+                _once(body, receive),
+                send,
             )
-            await _send_response(send, *answer)
             return
-        runner = AsyncLeasedRunner(
-            self.store,
-            scope=step.scope,
-            policy=self.settings.lease,
-            ttl=self.settings.ttl,
-            wait=rule.wait,
-        )
+        got = await self.flow.begin(step, fp, rule)
+        if not isinstance(got, AsyncExchange):
+            await _send_response(send, *got)
+            return
+        capture = _Capture(send, got, self._shielded)
         try:
-            got = await runner.claim(step.key, fp)
-        except (PayloadMismatch, InFlight, DeadLettered, StoreUnavailable) as exc:
-            await _send_problem(send, problem_for(exc, policy.header))
-            return
-        if isinstance(got, Replay):
-            stored = core.decode_response(got.record)
-            await _send_response(send, stored.status, core.replay_headers(stored), stored.body)
-            return
-        await self._run(scope, body, receive, send, runner, got)
-
-    async def _run(
-        self,
-        scope: Scope,
-        body: bytes,
-        receive: Receive,
-        send: Send,
-        runner: AsyncLeasedRunner,
-        claim: AsyncClaim,
-    ) -> None:
-        replay_receive = _once(body, receive)
-        capture = _Capture(send, self.settings.policy)
-        heartbeat = _acompat.AsyncHeartbeat(
-            self.settings.lease.lease_seconds / 3,
-            lambda: runner._renew(claim),
-        )
-        heartbeat.start()
-        try:
-            await self.app(scope, replay_receive, capture.send)
+            await self.app(scope, _once(body, receive), capture.send)
         except BaseException as exc:
-            await heartbeat.stop()
-            reason = f"the handler raised {type(exc).__name__}"
-            await self._finish(runner, claim, core.release_write(claim.record, reason))
-            raise
-        await heartbeat.stop()
-        if capture.complete and not capture.passing:
-            text = core.encode_response(capture.stored())
-            await self._finish(runner, claim, complete_write(claim.record, text, runner.ttl))
-            await capture.flush()
-            return
-        reason = capture.reason or "the response was not stored"
-        if reason.startswith("!"):
-            reason = reason[1:]
-            log.warning("%s/%s: %s; the key is released", claim.scope, claim.key, reason)
-        await self._finish(runner, claim, core.release_write(claim.record, reason))
+            if not got.ended:
+                await self._shielded(got.raised(exc))
+            raise  # after the answer (a background task): the server logs it
+        if not got.ended:
+            # the app returned without ending its response: nothing to store
+            await self._shielded(got.not_stored("the handler ended without a whole response"))
 
-    async def _finish(self, runner: AsyncLeasedRunner, claim: AsyncClaim, write: Write) -> None:
-        """Store the end of the run in a task that a cancelled request does not stop."""
-        task = asyncio.ensure_future(runner._final_write(claim, write))
+    async def _shielded(self, step: Awaitable[T]) -> T:
+        """Await ``step`` in a task that a cancelled request (a hang-up) does not stop."""
+        task = asyncio.ensure_future(step)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        try:
-            done = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("%s/%s: storing the response failed", claim.scope, claim.key)
-            return
-        if done is None:
-            log.warning("%s/%s: the lease was lost; nothing stored", claim.scope, claim.key)
+        return await asyncio.shield(task)

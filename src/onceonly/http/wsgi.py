@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: MIT
 """WSGI ``IdempotencyMiddleware``: leased mode over any sync store (docs/http.md).
 
-The sync driver of :mod:`onceonly._core.http`, twin of :mod:`onceonly.http.asgi`: the
-body is read and handed back to the app, the key claimed with the leased runner (lease
-renewed while the app runs), the response buffered, stored fenced by the token, then
-returned. The whole response is stored before the server writes a byte of it, so a
-client that hangs up cannot lose it; a crash leaves a lease the next retry reclaims.
+The WSGI adapter of the HTTP flow (:mod:`onceonly.http._flow`), twin of
+:mod:`onceonly.http.asgi`: the body is read (never past ``max_request_bytes``) and handed
+back to the app, the flow claims the key, the response is buffered and the flow settles
+the key before the server writes a byte of it, so a client that hangs up cannot lose
+it; a crash leaves a lease the next retry reclaims.
 """
 
 from __future__ import annotations
@@ -16,13 +16,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from http import HTTPStatus
 from typing import Any
 
-from onceonly import _acompat
 from onceonly._core import http as core
-from onceonly._core.state import Write, complete_write
-from onceonly.errors import DeadLettered, InFlight, PayloadMismatch, StoreUnavailable
 from onceonly.http import _atomic
-from onceonly.http._common import HttpRequest, Principal, Settings, log, problem_for
-from onceonly.leased import Claim, LeasedRunner, Replay
+from onceonly.http._common import DEFAULT_FINAL_WRITE_BUDGET, HttpRequest, Principal, Settings
+from onceonly.http._flow import Answer, Exchange, HttpFlow
 from onceonly.types import Store
 
 __all__ = ["IdempotencyMiddleware", "Resolver"]
@@ -85,8 +82,8 @@ class IdempotencyMiddleware:
         principal: who sends a request, from an :class:`~onceonly.http.HttpRequest`
             (``raw`` is the environ); ``None`` when unknown (then 403, see
             :class:`~onceonly.http.HttpPolicy` ``anonymous``).
-        routes, default, policy, ttl, lease, max_attempts: as for the ASGI
-            :class:`onceonly.http.asgi.IdempotencyMiddleware`.
+        routes, default, policy, ttl, lease, max_attempts, final_write_budget: as for
+            the ASGI :class:`onceonly.http.asgi.IdempotencyMiddleware`.
         resolver: finds the route template and marked rule of a request (the Flask
             extension passes one); otherwise ``routes`` or the path is used.
 
@@ -106,6 +103,7 @@ class IdempotencyMiddleware:
         lease: dt.timedelta | float = dt.timedelta(seconds=30),
         max_attempts: int = 5,
         resolver: Resolver | None = None,
+        final_write_budget: dt.timedelta | float = DEFAULT_FINAL_WRITE_BUDGET,
     ) -> None:
         self.app = app
         self.store = store
@@ -118,7 +116,9 @@ class IdempotencyMiddleware:
             ttl=ttl,
             lease=lease,
             max_attempts=max_attempts,
+            final_write_budget=final_write_budget,
         )
+        self.flow = HttpFlow(store, self.settings)
 
     def _route(self, environ: Environ, method: str, path: str) -> tuple[str, core.RouteRule]:
         found = self.resolver(environ) if self.resolver is not None else None
@@ -151,14 +151,18 @@ class IdempotencyMiddleware:
             length = int(environ.get("CONTENT_LENGTH") or 0)
         except ValueError:
             length = 0
-        stream = environ["wsgi.input"]
         limit = policy.max_request_bytes
+        too_large = core.problem(
+            "request-too-large", f"requests carrying a key are limited to {limit} bytes"
+        )
+        if length > limit:
+            return _problem(start_response, too_large)  # refused unread
+        stream = environ["wsgi.input"]
         body = stream.read(length) if length else b""
         if not length and environ.get("wsgi.input_terminated"):
             body = stream.read(limit + 1)
         if len(body) > limit:
-            detail = f"requests carrying a key are limited to {limit} bytes"
-            return _problem(start_response, core.problem("request-too-large", detail))
+            return _problem(start_response, too_large)
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
         fp = core.request_fingerprint(method, route, body, headers, policy.fingerprint_headers)
@@ -167,31 +171,14 @@ class IdempotencyMiddleware:
                 self.app, self.store, self.settings, rule, step, fp, environ
             )
             return _respond(start_response, f"{code} {_reason(code)}".strip(), out, content)
-        runner = LeasedRunner(
-            self.store,
-            scope=step.scope,
-            policy=self.settings.lease,
-            ttl=self.settings.ttl,
-            wait=rule.wait,
-        )
-        try:
-            got = runner.claim(step.key, fp)
-        except (PayloadMismatch, InFlight, DeadLettered, StoreUnavailable) as exc:
-            return _problem(start_response, problem_for(exc, policy.header))
-        if isinstance(got, Replay):
-            stored = core.decode_response(got.record)
-            status = f"{stored.status} {_reason(stored.status)}".strip()
-            return _respond(start_response, status, core.replay_headers(stored), stored.body)
-        return self._run(environ, start_response, runner, got)
+        got = self.flow.begin(step, fp, rule)
+        if not isinstance(got, Exchange):
+            return _answer(start_response, got)
+        return self._run(environ, start_response, got)
 
     def _run(
-        self,
-        environ: Environ,
-        start_response: StartResponse,
-        runner: LeasedRunner,
-        claim: Claim,
+        self, environ: Environ, start_response: StartResponse, exchange: Exchange
     ) -> Iterable[bytes]:
-        policy = self.settings.policy
         started: list[tuple[str, list[tuple[str, str]]]] = []
         written: list[bytes] = []
 
@@ -199,10 +186,6 @@ class IdempotencyMiddleware:
             started[:] = [(status, list(headers))]
             return written.append
 
-        heartbeat = _acompat.Heartbeat(
-            self.settings.lease.lease_seconds / 3, lambda: runner._renew(claim)
-        )
-        heartbeat.start()
         buffered: list[bytes] = []
         reason: str | None = None
         try:
@@ -215,56 +198,47 @@ class IdempotencyMiddleware:
                     written.clear()
                 buffered.append(chunk)
                 size += len(chunk)
-                reason = self._refusal(started, size)
+                reason = self._refusal(exchange, started, size)
                 if reason is not None:
                     break
             else:
                 buffered.extend(written)
-                reason = self._refusal(started, sum(map(len, buffered)))
+                reason = self._refusal(exchange, started, sum(map(len, buffered)))
         except BaseException as exc:
-            heartbeat.stop()
-            self._finish(runner, claim, core.release_write(claim.record, type(exc).__name__))
+            exchange.raised(exc)
             raise
         status, headers = started[0] if started else ("500 Internal Server Error", [])
         if reason is not None:
-            if reason.startswith("!"):
-                reason = reason[1:]
-                log.warning("%s/%s: %s; the key is released", claim.scope, claim.key, reason)
-            # nothing will be stored: give the key back now, not when the server closes
-            heartbeat.stop()
-            self._finish(runner, claim, core.release_write(claim.record, reason))
+            # nothing will be stored: settle the key now, before a byte is sent
+            answer = exchange.not_stored(reason)
+            if answer is not None:
+                _close(result)
+                return _answer(start_response, answer)
             start_response(status, headers)
             return _Stream(buffered, rest, result)
         _close(result)
-        heartbeat.stop()
         body = b"".join(buffered)
         code = int(status.split(" ", 1)[0])
-        stored = core.StoredResponse(code, core.kept_headers(headers, policy), body)
-        text = core.encode_response(stored)
-        self._finish(runner, claim, complete_write(claim.record, text, runner.ttl))
+        answer = exchange.store(code, [(n.lower(), v) for n, v in headers], body)
+        if answer is not None:
+            return _answer(start_response, answer)
         start_response(status, headers)
         return [body]
 
-    def _refusal(self, started: list[tuple[str, list[tuple[str, str]]]], size: int) -> str | None:
+    def _refusal(
+        self, exchange: Exchange, started: list[tuple[str, list[tuple[str, str]]]], size: int
+    ) -> str | None:
         """Why the response begun in ``started`` is not stored (``None``: it is)."""
         if not started:
             return "the app sent no status"
         status, headers = started[0]
-        code = int(status.split(" ", 1)[0])
-        names = {n.lower(): v for n, v in headers}
-        ok, reason = core.should_store(code, names, self.settings.policy)
-        if ok and size > self.settings.policy.max_response_bytes:
-            return f"!the response is over the {self.settings.policy.max_response_bytes} limit"
-        return None if ok else reason
+        reason = exchange.storable(int(status.split(" ", 1)[0]), headers)
+        return reason if reason is not None else exchange.over_limit(size)
 
-    def _finish(self, runner: LeasedRunner, claim: Claim, write: Write) -> None:
-        try:
-            done = runner._final_write(claim, write)
-        except Exception:
-            log.exception("%s/%s: storing the response failed", claim.scope, claim.key)
-            return
-        if done is None:
-            log.warning("%s/%s: the lease was lost; nothing stored", claim.scope, claim.key)
+
+def _answer(start_response: StartResponse, answer: Answer) -> list[bytes]:
+    code, headers, body = answer
+    return _respond(start_response, f"{code} {_reason(code)}".strip(), headers, body)
 
 
 def _reason(status: int) -> str:

@@ -52,10 +52,11 @@ settings.configure(
 )
 django.setup()
 
+from django.core.asgi import get_asgi_application  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.core.wsgi import get_wsgi_application  # noqa: E402
 from django.db import connection  # noqa: E402
-from django.http import HttpRequest, JsonResponse  # noqa: E402
+from django.http import Http404, HttpRequest, JsonResponse  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from onceonly.contrib.django.views import idempotent_view  # noqa: E402
@@ -90,9 +91,19 @@ def atomic(request: HttpRequest) -> JsonResponse:
     with connection.cursor() as cursor:  # the ORM's connection: the same transaction
         cursor.execute(f"INSERT INTO {ORDERS} (item) VALUES (%s)", [body.get("item")])
     effect()
+    if body.get("http404"):
+        raise Http404("no such item")
     time.sleep(float(request.headers.get("x-sleep", 0)))
     return JsonResponse({"item": body.get("item")}, status=int(body.get("status", 201)))
 
 
-urlpatterns = [path("orders", create), path("atomic", atomic)]
+@idempotent_view("required")
+async def acreate(request: HttpRequest) -> JsonResponse:
+    body = json.loads(request.body)
+    n = effect()
+    return JsonResponse({"order": n, "item": body.get("item")}, status=201)
+
+
+urlpatterns = [path("orders", create), path("atomic", atomic), path("async", acreate)]
 application = get_wsgi_application()
+asgi_application = get_asgi_application()

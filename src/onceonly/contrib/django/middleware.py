@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: MIT
 """Django ``IdempotencyMiddleware``: the Django driver of :mod:`onceonly._core.http`.
 
-Leased mode by default (the claim commits with a lease, the view runs, the response is
-stored fenced by the token); atomic mode for views marked ``atomic=True`` (the claim
-joins ``transaction.atomic()`` on the default database, so the view's ORM writes and
-the stored response commit together). Sync views only.
+Leased mode by default, through the one HTTP flow (:mod:`onceonly.http._flow`): the
+claim commits with a lease, the view runs, the response is stored fenced by the token
+within the final-write budget before it is returned. Atomic mode for views marked
+``atomic=True``: the claim joins ``transaction.atomic()`` on the default database, so
+the view's ORM writes and the stored response commit together; a response of 400 or
+more (``Http404``, ``PermissionDenied`` turned into one) rolls the view's writes back.
+Sync and async views (an async view runs through Django's own sync adapter).
 """
 
 from __future__ import annotations
@@ -18,9 +21,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
-from onceonly import _acompat
 from onceonly._core import http as core
-from onceonly._core.state import complete_write
 from onceonly.contrib.django.apps import OnceOnlyConfig, options
 from onceonly.contrib.django.views import TX_ATTRIBUTE
 from onceonly.errors import (
@@ -31,9 +32,9 @@ from onceonly.errors import (
     StoreUnavailable,
 )
 from onceonly.http import _atomic
-from onceonly.http._common import Settings, log, problem_for, rule_of
+from onceonly.http._common import DEFAULT_FINAL_WRITE_BUDGET, Settings, log, problem_for, rule_of
+from onceonly.http._flow import Exchange, HttpFlow
 from onceonly.inbox import Inbox, Tx
-from onceonly.leased import LeasedRunner, Replay
 
 __all__ = ["IdempotencyMiddleware"]
 
@@ -94,6 +95,7 @@ class IdempotencyMiddleware:
             ttl=opts.get("TTL", dt.timedelta(hours=24)),
             lease=opts.get("LEASE", dt.timedelta(seconds=30)),
             max_attempts=opts.get("MAX_ATTEMPTS", 5),
+            final_write_budget=opts.get("FINAL_WRITE_BUDGET", DEFAULT_FINAL_WRITE_BUDGET),
         )
         config = apps.get_app_config("onceonly")
         assert isinstance(config, OnceOnlyConfig)
@@ -131,46 +133,31 @@ class IdempotencyMiddleware:
         fp = core.request_fingerprint(method, route, body, headers, policy.fingerprint_headers)
         if rule.atomic:
             return self._atomic(request, rule, step, fp)
-        runner = LeasedRunner(
-            self.config.store(),
-            scope=step.scope,
-            policy=self.settings.lease,
-            ttl=self.settings.ttl,
-            wait=rule.wait,
-        )
-        try:
-            got = runner.claim(step.key, fp)
-        except _CLAIM_ERRORS as exc:
-            return _problem(problem_for(exc, policy.header))
-        if isinstance(got, Replay):
-            stored = core.decode_response(got.record)
-            return _response(stored.status, core.replay_headers(stored), stored.body)
-        claim = got
-        heartbeat = _acompat.Heartbeat(
-            self.settings.lease.lease_seconds / 3, lambda: runner._renew(claim)
-        )
-        heartbeat.start()
+        got = HttpFlow(self.config.store(), self.settings).begin(step, fp, rule)
+        if not isinstance(got, Exchange):
+            return _response(*got)
+        return self._run(request, got)
+
+    def _run(self, request: HttpRequest, exchange: Exchange) -> HttpResponseBase:
         try:
             response = self.get_response(request)
-        except BaseException:
-            heartbeat.stop()
-            runner._final_write(claim, core.release_write(claim.record, "the view raised"))
+        except BaseException as exc:
+            exchange.raised(exc)
             raise
-        heartbeat.stop()
-        reason: str | None = "!a streamed response is not stored"
-        if not response.streaming:
+        if response.streaming:
+            reason: str | None = "!a streamed response is not kept"
+        else:
             status, out, content = _parts(response)
-            _, reason = core.should_store(status, dict(out), policy)
+            reason = exchange.storable(status, out) or exchange.over_limit(len(content))
         if reason is not None:
-            if reason.startswith("!"):
-                reason = reason[1:]
-                log.warning("%s/%s: %s; the key is released", claim.scope, claim.key, reason)
-            runner._final_write(claim, core.release_write(claim.record, reason))
-            return response
-        stored = core.StoredResponse(status, core.kept_headers(out, policy), content)
-        text = core.encode_response(stored)
-        if runner._final_write(claim, complete_write(claim.record, text, runner.ttl)) is None:
-            log.warning("%s/%s: the lease was lost; nothing stored", claim.scope, claim.key)
+            answer = exchange.not_stored(reason)
+            if answer is None:
+                return response
+            response.close()
+            return _response(*answer)
+        answer = exchange.store(status, out, content)
+        if answer is not None:
+            return _response(*answer)
         return response
 
     def _atomic(
@@ -183,8 +170,12 @@ class IdempotencyMiddleware:
 
         def handler(_payload: object, tx: Tx) -> dict[str, object]:
             setattr(request, TX_ATTRIBUTE, tx)
+            tx.execute(f"SAVEPOINT {_atomic.SAVEPOINT}")
             response = self.get_response(request)
             seen.append(response)
+            if _atomic.refused(response.status_code):
+                tx.execute(f"ROLLBACK TO SAVEPOINT {_atomic.SAVEPOINT}")
+            tx.execute(f"RELEASE SAVEPOINT {_atomic.SAVEPOINT}")
             if response.streaming:
                 raise _atomic._NotStored("!a streamed response is not stored")
             status, out, content = _parts(response)
