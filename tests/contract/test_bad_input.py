@@ -94,7 +94,7 @@ def test_bad_options(store: Any) -> None:
     with pytest.raises(onceonly.ConfigurationError):
         onceonly.Inbox(store, consumer="c", ttl=-1)
     with pytest.raises(onceonly.ConfigurationError):
-        onceonly.Inbox(store, consumer="c", wait=0)
+        onceonly.Inbox(store, consumer="c", wait=-1)
     with pytest.raises(onceonly.InvalidKey):
         onceonly.Inbox(store, consumer="")
 

@@ -54,7 +54,8 @@ class Kit:
         self.queues = {self.cfg["queue"]}
 
     def nodename(self, name: str) -> str:
-        return f"{name}@{socket.gethostname()}"
+        # unique per kit: two test processes' workers never share a pidbox queue
+        return f"{name}.{self.prefix.strip(':')}@{socket.gethostname()}"
 
     def start(self, name: str, *queues: str, crasher: bool = False) -> None:
         """Start a worker (solo pool) on ``queues`` (default: the module's queue)."""
@@ -70,7 +71,7 @@ class Kit:
             self.workers[name] = subprocess.Popen(
                 [
                     *(sys.executable, "-m", "celery", "-A", "tests.contrib.celery_app", "worker"),
-                    *("-P", "solo", "-n", f"{name}@%h", "-l", "WARNING"),
+                    *("-P", "solo", "-n", self.nodename(name), "-l", "WARNING"),
                     *("-Q", ",".join(queues or (self.cfg["queue"],))),
                     *("--without-gossip", "--without-mingle", "--without-heartbeat"),
                 ],
