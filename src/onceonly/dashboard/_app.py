@@ -603,7 +603,12 @@ def _rate_chart(s: _views.Summary) -> dict[str, Any]:
                 "rate": total_replays / total_claims if total_claims else None,
             }
         )
-    return {"rows": rows, "points": len(s.duplicates)}
+    top = max((b["rate"] or 0.0 for row in rows for b in row["bars"]), default=0.0)
+    scale = next(x for x in (0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0) if top <= x)
+    for row in rows:
+        for b in row["bars"]:
+            b["height"] = None if b["rate"] is None else round(b["rate"] / scale * 46, 1)
+    return {"rows": rows, "points": len(s.duplicates), "scale": scale}
 
 
 def build(
