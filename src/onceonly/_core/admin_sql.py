@@ -62,8 +62,10 @@ def query_predicate(query: Query, now: Any, older: Any) -> tuple[str, list[Any]]
         clauses.append("lower(error) LIKE ? ESCAPE '!'")
         params.append("%" + like_escape(ascii_lower(query.error_contains)) + "%")
     if query.after is not None:
-        clauses.append("(scope > ? OR (scope = ? AND key > ?))")
-        params.extend((query.after[0], query.after[0], query.after[1]))
+        # a row comparison: the primary key's range starts there (an OR of the two
+        # columns is only a filter, so page n would re-read the n - 1 pages before it)
+        clauses.append("(scope, key ) > (?, ?)")  # " key " is quoted on MySQL
+        params.extend(query.after)
     return " AND ".join(clauses), params
 
 
