@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import statistics
 import time
-from typing import Any
 
 import httpx
 import psycopg
@@ -139,7 +138,8 @@ async def measure(rows: int, runs: int, limit: int, show_plans: bool) -> None:
                 print(f"\n{name}: {params}\n{explain(params, limit)}")
     await store.close()
     print(f"\nfirst page ({limit} records) of {TABLE}, {runs} runs, milliseconds")
-    print(f"{'filter':<42} {'rows':>5} {'api p50':>8} {'api max':>8} {'html p50':>9} {'html max':>9}")
+    head = ("filter", "rows", "api p50", "api max", "html p50", "html max")
+    print("{:<42} {:>5} {:>8} {:>8} {:>9} {:>9}".format(*head))
     for name, found, t in results:
         print(
             f"{name:<42} {found:>5} {statistics.median(t['api']):>8.1f} {max(t['api']):>8.1f}"
