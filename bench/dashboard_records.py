@@ -180,5 +180,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
