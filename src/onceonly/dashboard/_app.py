@@ -576,9 +576,10 @@ def _age(seconds: float | None) -> str:
 
 
 def _rate_chart(s: _views.Summary) -> dict[str, Any]:
-    """Bars of the duplicate rate per scope and interval (heights 0..1), for the SVG."""
+    """Bars of the duplicate rate per scope and interval, for the SVG."""
     scopes = sorted({name for p in s.duplicates for name in p.counts})
-    rows = []
+    rows: list[dict[str, Any]] = []
+    every_bar: list[dict[str, Any]] = []
     for name in scopes:
         bars: list[dict[str, Any]] = []
         for i, p in enumerate(s.duplicates):
@@ -592,6 +593,7 @@ def _rate_chart(s: _views.Summary) -> dict[str, Any]:
                     "start": _views.iso(p.start),
                 }
             )
+        every_bar += bars
         total_claims = sum(p.counts.get(name, (0, 0))[0] for p in s.duplicates)
         total_replays = sum(p.counts.get(name, (0, 0))[1] for p in s.duplicates)
         rows.append(
@@ -603,11 +605,10 @@ def _rate_chart(s: _views.Summary) -> dict[str, Any]:
                 "rate": total_replays / total_claims if total_claims else None,
             }
         )
-    top = max((b["rate"] or 0.0 for row in rows for b in row["bars"]), default=0.0)
+    top = max((b["rate"] or 0.0 for b in every_bar), default=0.0)
     scale = next(x for x in (0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0) if top <= x)
-    for row in rows:
-        for b in row["bars"]:
-            b["height"] = None if b["rate"] is None else round(b["rate"] / scale * 46, 1)
+    for b in every_bar:  # bar heights in pixels, the largest rate near the top
+        b["height"] = None if b["rate"] is None else round(b["rate"] / scale * 46, 1)
     return {"rows": rows, "points": len(s.duplicates), "scale": scale}
 
 
