@@ -288,7 +288,7 @@ class Admin:
         record = self.show(scope, key)
         if record is None:
             return None
-        decision = reap_decision(record, self._now(), new_token())
+        decision = reap_decision(record, self.clock(), new_token())
         if decision is None:
             return None
         return self._write(record, *decision)
@@ -378,10 +378,14 @@ class Admin:
             out.append(DuplicatePoint(float(start), float(step), counts))
         return out
 
+    def clock(self) -> float:
+        """The store's clock, epoch seconds (what leases and expiries are measured on).
+
+        .. versionadded:: 0.3
+        """
+        return (self.records.scan(Query(limit=0)))[1]  # an empty scan reads it
+
     # -- helpers
-    def _now(self) -> float:
-        """The store's clock (an empty scan reads it and no record)."""
-        return (self.records.scan(Query(limit=0)))[1]
 
     def _pages(self, query: Query) -> Iterator[tuple[list[Record], float]]:
         while True:

@@ -289,7 +289,7 @@ class AsyncAdmin:
         record = await self.show(scope, key)
         if record is None:
             return None
-        decision = reap_decision(record, await self._now(), new_token())
+        decision = reap_decision(record, await self.clock(), new_token())
         if decision is None:
             return None
         return await self._write(record, *decision)
@@ -379,10 +379,14 @@ class AsyncAdmin:
             out.append(DuplicatePoint(float(start), float(step), counts))
         return out
 
+    async def clock(self) -> float:
+        """The store's clock, epoch seconds (what leases and expiries are measured on).
+
+        .. versionadded:: 0.3
+        """
+        return (await self.records.scan(Query(limit=0)))[1]  # an empty scan reads it
+
     # -- helpers
-    async def _now(self) -> float:
-        """The store's clock (an empty scan reads it and no record)."""
-        return (await self.records.scan(Query(limit=0)))[1]
 
     async def _pages(self, query: Query) -> AsyncIterator[tuple[list[Record], float]]:
         while True:

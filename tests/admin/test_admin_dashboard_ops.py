@@ -87,6 +87,7 @@ async def test_release_reaps_one_lapsed_claim_only(async_store: Any) -> None:
     assert await admin.release("s", "absent") is None
     live = await admin.show("s", "live")
     assert live is not None and live.state is State.IN_PROGRESS
+    assert abs(await admin.clock() - time.time()) < 5  # the store's clock, epoch seconds
 
 
 async def test_duplicate_history_splits_counts_by_interval(async_store: Any) -> None:

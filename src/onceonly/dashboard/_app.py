@@ -120,6 +120,7 @@ class Dashboard:
 
     async def _dispatch(self, request: Request) -> Response:
         parts = self._segments(request)
+        request.scope["onceonly.api"] = bool(parts) and parts[0] == "api"
         method = request.method
         routes: dict[tuple[str, str], Handler] = {
             ("GET", ""): self.page_overview,
@@ -258,7 +259,7 @@ class Dashboard:
         if record is None:
             return self._error(request, 404, "no such record (deleted, or never stored)")
         fields = _views.record_json(record, full=True)
-        now = await self.admin._now()
+        now = await self.admin.clock()
         lapsed = record.state is State.IN_PROGRESS and (
             record.lease_until is None or record.lease_until <= now
         )
@@ -544,8 +545,9 @@ def _see_other(url: str) -> Response:
 
 
 def _wants_json(request: Request) -> bool:
-    parts = request.url.path.split("/")
-    return "api" in parts or "application/json" in request.headers.get("accept", "")
+    return bool(request.scope.get("onceonly.api")) or "application/json" in request.headers.get(
+        "accept", ""
+    )
 
 
 def _safe_next(target: str) -> str:
