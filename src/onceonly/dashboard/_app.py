@@ -551,8 +551,11 @@ def _wants_json(request: Request) -> bool:
 
 
 def _safe_next(target: str) -> str:
-    """Only a path on this site (never ``//host`` or ``https://…``)."""
-    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+    """Only a path on this site: never ``//host``, ``https://…``, nor one a browser would
+    turn into either (it drops tabs and newlines and reads ``\\`` as ``/``)."""
+    if any(ord(c) < 0x21 or c in "\\\x7f" for c in target):
+        return ""
+    if target.startswith("/") and not target.startswith("//"):
         return target
     return ""
 
