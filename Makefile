@@ -23,7 +23,7 @@ demo: $(STAMP_BASE)
 	$(BIN)/onceonly demo $(DEMO_ARGS)
 
 services:
-	scripts/services postgres redis rabbitmq rabbitmq-management nats mariadb pgbouncer kafka
+	scripts/services postgres redis rabbitmq rabbitmq-management nats mariadb pgbouncer kafka chromium
 
 lint: $(STAMP_ALL)
 	$(BIN)/ruff check src tests bench tools examples chaos

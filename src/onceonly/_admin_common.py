@@ -17,6 +17,7 @@ from onceonly.types import AdminStore, AsyncAdminStore, Store
 
 __all__ = [
     "DuplicateCounter",
+    "DuplicatePoint",
     "PurgeReport",
     "ReapReport",
     "StatsReport",
@@ -102,6 +103,28 @@ class StatsReport:
     scopes: list[ScopeStats]
     now: float
     sizes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DuplicatePoint:
+    """Deliveries counted by a :class:`DuplicateCounter` in one interval.
+
+    Attributes:
+        start: the interval's start, epoch seconds.
+        seconds: its length.
+        counts: ``(claims, replays)`` per scope (scopes with nothing counted absent).
+
+    .. versionadded:: 0.3
+    """
+
+    start: float
+    seconds: float
+    counts: dict[str, tuple[int, int]]
+
+    def rate(self, scope: str) -> float | None:
+        """``replays / claims`` of ``scope`` in the interval (``None``: none counted)."""
+        claims, replays = self.counts.get(scope, (0, 0))
+        return replays / claims if claims else None
 
 
 def admin_store_async(store: Any) -> AsyncAdminStore:

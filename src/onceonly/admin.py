@@ -22,12 +22,20 @@ from collections.abc import Callable, Iterator
 from onceonly import _acompat
 from onceonly._admin_common import (
     DuplicateCounter,
+    DuplicatePoint,
     PurgeReport,
     ReapReport,
     StatsReport,
     admin_store,
 )
-from onceonly._core.admin import PurgeRule, Query, ScopeStats, reap_decision, redrive_decision
+from onceonly._core.admin import (
+    BUCKET_SECONDS,
+    PurgeRule,
+    Query,
+    ScopeStats,
+    reap_decision,
+    redrive_decision,
+)
 from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError, InFlight
 from onceonly.outcome import new_token
@@ -36,6 +44,7 @@ from onceonly.types import Store
 __all__ = [
     "Admin",
     "DuplicateCounter",
+    "DuplicatePoint",
     "PurgeReport",
     "ReapReport",
     "StatsReport",
@@ -165,6 +174,8 @@ class Admin:
         older_than: float | None = None,
         limit: int = 100,
         after: tuple[str, str] | None = None,
+        key_prefix: str | None = None,
+        error_contains: str | None = None,
     ) -> list[Record]:
         """Records in ``(scope, key)`` order, at most ``limit``.
 
@@ -174,12 +185,21 @@ class Admin:
             older_than: only records last written at least this many seconds ago.
             limit: the most records returned.
             after: resume after this ``(scope, key)``.
+            key_prefix: only keys starting with this text.
+            error_contains: only records whose error contains this text (ASCII letters
+                in any case).
 
         Returns:
             The records.
+
+        .. versionchanged:: 0.3
+           ``key_prefix`` and ``error_contains``.
         """
         states = (state,) if state is not None else ()
-        query = Query(states, scope, older_than, after=after, limit=limit)
+        query = Query(
+            states, scope, older_than, after=after, limit=limit, key_prefix=key_prefix,
+            error_contains=error_contains,
+        )  # fmt: skip
         return (self.records.scan(query))[0]
 
     def iter_records(self, query: Query) -> Iterator[Record]:
@@ -224,6 +244,55 @@ class Admin:
                 done += 1
         return done
 
+    def redrive_matching(self, query: Query, *, dry_run: bool = False) -> int:
+        """Redrive every record matching ``query`` (a filtered set), each write fenced on
+        the version read, as :meth:`redrive` does for one.
+
+        Args:
+            query: which records (``states`` must be ``dead`` and/or ``failed``; every
+                other filter applies as in :meth:`list_records`; ``limit`` is the batch
+                size).
+            dry_run: count the records that qualify now; write nothing.
+
+        Returns:
+            How many were redriven (dry run: how many qualify now; a record a worker
+            changes between the count and the redrive is skipped, so the two may differ).
+
+        Raises:
+            ConfigurationError: ``query.states`` is empty or names another state.
+
+        .. versionadded:: 0.3
+        """
+        if not query.states or any(s not in (State.DEAD, State.FAILED) for s in query.states):
+            raise ConfigurationError("only dead and failed records are redriven")
+        done = 0
+        for record in self.iter_records(query):
+            decision = redrive_decision(record, new_token())
+            if decision is None:
+                continue
+            if dry_run or self._write(record, *decision):
+                done += 1
+        return done
+
+    def release(self, scope: str, key: str) -> Record | None:
+        """Release a stale claim: reap one ``in_progress`` record whose lease has lapsed
+        (``failed``, the lapsed run counted as an attempt, a new token), so the next
+        delivery runs it; what :meth:`reap` does for every lapsed record.
+
+        Returns:
+            The released record; ``None`` when absent, not in progress, its lease still
+            live on the store's clock, or changed by a worker meanwhile.
+
+        .. versionadded:: 0.3
+        """
+        record = self.show(scope, key)
+        if record is None:
+            return None
+        decision = reap_decision(record, self.clock(), new_token())
+        if decision is None:
+            return None
+        return self._write(record, *decision)
+
     def delete(self, scope: str, key: str, *, expect: Expect | None = None) -> bool:
         """Delete one record, if it is still the version read (or ``expect``).
 
@@ -260,7 +329,64 @@ class Admin:
         ]
         return StatsReport(scopes, now, self.records.sizes())
 
+    def duplicate_history(
+        self, *, window: float = 3600.0, points: int = 12, scope: str | None = None
+    ) -> list[DuplicatePoint]:
+        """Claims and replays per scope in ``points`` consecutive intervals covering the
+        last ``window`` seconds, from the counters a :class:`DuplicateCounter` flushed
+        (nothing counted: empty intervals).
+
+        Intervals start on whole counter buckets (spec §8.4); the last one ends now.
+
+        Args:
+            window: seconds of history.
+            points: how many intervals.
+            scope: only this scope.
+
+        Returns:
+            The intervals, oldest first.
+
+        Raises:
+            ConfigurationError: ``window`` or ``points`` is not positive.
+
+        .. versionadded:: 0.3
+        """
+        if not window > 0 or points < 1:
+            raise ConfigurationError("window and points must be positive")
+        step = max(BUCKET_SECONDS, -(-int(window) // points // BUCKET_SECONDS) * BUCKET_SECONDS)
+        end = (int(time.time()) // BUCKET_SECONDS + 1) * BUCKET_SECONDS
+        starts = [end - step * (points - i) for i in range(points)]
+        # Each read sums the buckets from a start on; an interval is the difference of
+        # two reads. Newest first, so a flush landing between reads only adds to the
+        # later (older) read: a count is never negative, at worst a flush early.
+        totals: list[dict[str, tuple[int, int]]] = []
+        for start in reversed(starts):
+            counted = self.records.read_counts(start)
+            totals.append({k: v for k, v in counted.items() if scope is None or k == scope})
+        totals.reverse()
+        totals.append({})
+        out = []
+        for i, start in enumerate(starts):
+            here, later = totals[i], totals[i + 1]
+            counts = {
+                name: (
+                    max(0, c - later.get(name, (0, 0))[0]),
+                    max(0, r - later.get(name, (0, 0))[1]),
+                )
+                for name, (c, r) in here.items()
+            }
+            out.append(DuplicatePoint(float(start), float(step), counts))
+        return out
+
+    def clock(self) -> float:
+        """The store's clock, epoch seconds (what leases and expiries are measured on).
+
+        .. versionadded:: 0.3
+        """
+        return (self.records.scan(Query(limit=0)))[1]  # an empty scan reads it
+
     # -- helpers
+
     def _pages(self, query: Query) -> Iterator[tuple[list[Record], float]]:
         while True:
             batch, now = self.records.scan(query)
@@ -269,10 +395,7 @@ class Admin:
             if len(batch) < query.limit:
                 return
             last = batch[-1]
-            query = Query(
-                query.states, query.scope, query.older_than, query.lapsed,
-                (last.scope, last.key), query.limit,
-            )  # fmt: skip
+            query = dataclasses.replace(query, after=(last.scope, last.key))
 
     def _write(self, record: Record, expect: Expect, write: Write) -> Record | None:
         """Store ``write`` over ``record`` if it is still the version ``expect``."""

@@ -21,12 +21,20 @@ from collections.abc import AsyncIterator, Callable
 from onceonly import _acompat
 from onceonly._admin_common import (
     DuplicateCounter,
+    DuplicatePoint,
     PurgeReport,
     ReapReport,
     StatsReport,
     admin_store_async,
 )
-from onceonly._core.admin import PurgeRule, Query, ScopeStats, reap_decision, redrive_decision
+from onceonly._core.admin import (
+    BUCKET_SECONDS,
+    PurgeRule,
+    Query,
+    ScopeStats,
+    reap_decision,
+    redrive_decision,
+)
 from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError, InFlight
 from onceonly.outcome import new_token
@@ -35,6 +43,7 @@ from onceonly.types import AsyncStore
 __all__ = [
     "AsyncAdmin",
     "DuplicateCounter",
+    "DuplicatePoint",
     "PurgeReport",
     "ReapReport",
     "StatsReport",
@@ -164,6 +173,8 @@ class AsyncAdmin:
         older_than: float | None = None,
         limit: int = 100,
         after: tuple[str, str] | None = None,
+        key_prefix: str | None = None,
+        error_contains: str | None = None,
     ) -> list[Record]:
         """Records in ``(scope, key)`` order, at most ``limit``.
 
@@ -173,12 +184,21 @@ class AsyncAdmin:
             older_than: only records last written at least this many seconds ago.
             limit: the most records returned.
             after: resume after this ``(scope, key)``.
+            key_prefix: only keys starting with this text.
+            error_contains: only records whose error contains this text (ASCII letters
+                in any case).
 
         Returns:
             The records.
+
+        .. versionchanged:: 0.3
+           ``key_prefix`` and ``error_contains``.
         """
         states = (state,) if state is not None else ()
-        query = Query(states, scope, older_than, after=after, limit=limit)
+        query = Query(
+            states, scope, older_than, after=after, limit=limit, key_prefix=key_prefix,
+            error_contains=error_contains,
+        )  # fmt: skip
         return (await self.records.scan(query))[0]
 
     async def iter_records(self, query: Query) -> AsyncIterator[Record]:
@@ -225,6 +245,55 @@ class AsyncAdmin:
                 done += 1
         return done
 
+    async def redrive_matching(self, query: Query, *, dry_run: bool = False) -> int:
+        """Redrive every record matching ``query`` (a filtered set), each write fenced on
+        the version read, as :meth:`redrive` does for one.
+
+        Args:
+            query: which records (``states`` must be ``dead`` and/or ``failed``; every
+                other filter applies as in :meth:`list_records`; ``limit`` is the batch
+                size).
+            dry_run: count the records that qualify now; write nothing.
+
+        Returns:
+            How many were redriven (dry run: how many qualify now; a record a worker
+            changes between the count and the redrive is skipped, so the two may differ).
+
+        Raises:
+            ConfigurationError: ``query.states`` is empty or names another state.
+
+        .. versionadded:: 0.3
+        """
+        if not query.states or any(s not in (State.DEAD, State.FAILED) for s in query.states):
+            raise ConfigurationError("only dead and failed records are redriven")
+        done = 0
+        async for record in self.iter_records(query):
+            decision = redrive_decision(record, new_token())
+            if decision is None:
+                continue
+            if dry_run or await self._write(record, *decision):
+                done += 1
+        return done
+
+    async def release(self, scope: str, key: str) -> Record | None:
+        """Release a stale claim: reap one ``in_progress`` record whose lease has lapsed
+        (``failed``, the lapsed run counted as an attempt, a new token), so the next
+        delivery runs it; what :meth:`reap` does for every lapsed record.
+
+        Returns:
+            The released record; ``None`` when absent, not in progress, its lease still
+            live on the store's clock, or changed by a worker meanwhile.
+
+        .. versionadded:: 0.3
+        """
+        record = await self.show(scope, key)
+        if record is None:
+            return None
+        decision = reap_decision(record, await self.clock(), new_token())
+        if decision is None:
+            return None
+        return await self._write(record, *decision)
+
     async def delete(self, scope: str, key: str, *, expect: Expect | None = None) -> bool:
         """Delete one record, if it is still the version read (or ``expect``).
 
@@ -261,7 +330,64 @@ class AsyncAdmin:
         ]
         return StatsReport(scopes, now, await self.records.sizes())
 
+    async def duplicate_history(
+        self, *, window: float = 3600.0, points: int = 12, scope: str | None = None
+    ) -> list[DuplicatePoint]:
+        """Claims and replays per scope in ``points`` consecutive intervals covering the
+        last ``window`` seconds, from the counters a :class:`DuplicateCounter` flushed
+        (nothing counted: empty intervals).
+
+        Intervals start on whole counter buckets (spec §8.4); the last one ends now.
+
+        Args:
+            window: seconds of history.
+            points: how many intervals.
+            scope: only this scope.
+
+        Returns:
+            The intervals, oldest first.
+
+        Raises:
+            ConfigurationError: ``window`` or ``points`` is not positive.
+
+        .. versionadded:: 0.3
+        """
+        if not window > 0 or points < 1:
+            raise ConfigurationError("window and points must be positive")
+        step = max(BUCKET_SECONDS, -(-int(window) // points // BUCKET_SECONDS) * BUCKET_SECONDS)
+        end = (int(time.time()) // BUCKET_SECONDS + 1) * BUCKET_SECONDS
+        starts = [end - step * (points - i) for i in range(points)]
+        # Each read sums the buckets from a start on; an interval is the difference of
+        # two reads. Newest first, so a flush landing between reads only adds to the
+        # later (older) read: a count is never negative, at worst a flush early.
+        totals: list[dict[str, tuple[int, int]]] = []
+        for start in reversed(starts):
+            counted = await self.records.read_counts(start)
+            totals.append({k: v for k, v in counted.items() if scope is None or k == scope})
+        totals.reverse()
+        totals.append({})
+        out = []
+        for i, start in enumerate(starts):
+            here, later = totals[i], totals[i + 1]
+            counts = {
+                name: (
+                    max(0, c - later.get(name, (0, 0))[0]),
+                    max(0, r - later.get(name, (0, 0))[1]),
+                )
+                for name, (c, r) in here.items()
+            }
+            out.append(DuplicatePoint(float(start), float(step), counts))
+        return out
+
+    async def clock(self) -> float:
+        """The store's clock, epoch seconds (what leases and expiries are measured on).
+
+        .. versionadded:: 0.3
+        """
+        return (await self.records.scan(Query(limit=0)))[1]  # an empty scan reads it
+
     # -- helpers
+
     async def _pages(self, query: Query) -> AsyncIterator[tuple[list[Record], float]]:
         while True:
             batch, now = await self.records.scan(query)
@@ -270,10 +396,7 @@ class AsyncAdmin:
             if len(batch) < query.limit:
                 return
             last = batch[-1]
-            query = Query(
-                query.states, query.scope, query.older_than, query.lapsed,
-                (last.scope, last.key), query.limit,
-            )  # fmt: skip
+            query = dataclasses.replace(query, after=(last.scope, last.key))
 
     async def _write(self, record: Record, expect: Expect, write: Write) -> Record | None:
         """Store ``write`` over ``record`` if it is still the version ``expect``."""

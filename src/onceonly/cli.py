@@ -193,6 +193,18 @@ def _run_doctor(args: argparse.Namespace) -> int:
     return run_doctor(args)
 
 
+def _configure_dashboard(parser: argparse.ArgumentParser) -> None:
+    from onceonly.cli_dashboard import configure_dashboard
+
+    configure_dashboard(parser)
+
+
+def _run_dashboard(args: argparse.Namespace) -> int:
+    from onceonly.cli_dashboard import run_dashboard
+
+    return run_dashboard(args)
+
+
 COMMANDS: tuple[Command, ...] = (
     Command(
         name="migrate",
@@ -265,6 +277,16 @@ COMMANDS: tuple[Command, ...] = (
         " problem says what to do; the exit status is 1 when there is one.",
         configure=_configure_doctor,
         run=_run_doctor,
+    ),
+    Command(
+        name="dashboard",
+        help="serve the operator dashboard (records, dead letters, redrive) on 127.0.0.1",
+        description="Serve the operator dashboard over HTTP: records by state and scope,"
+        " the duplicate rate, dead records and their errors, redrive, release and delete,"
+        " the outbox. Binds 127.0.0.1 unless --host; read-only unless the"
+        " ONCEONLY_DASHBOARD_TOKEN environment variable holds the operator token.",
+        configure=_configure_dashboard,
+        run=_run_dashboard,
     ),
 )
 

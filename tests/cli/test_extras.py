@@ -27,6 +27,7 @@ EXTRAS = {
     "onceonly.brokers.nats": "nats",
     "onceonly.brokers.redis_streams": "redis",
     "onceonly.brokers.sqs": "sqs",
+    "onceonly.dashboard": "dashboard",
 }
 
 

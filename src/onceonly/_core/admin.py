@@ -34,6 +34,7 @@ __all__ = [
     "PurgeRule",
     "Query",
     "ScopeStats",
+    "ascii_lower",
     "purge_qualifies",
     "reap_decision",
     "redrive_decision",
@@ -55,6 +56,12 @@ class Query:
         lapsed: only ``in_progress`` records whose lease has run out.
         after: resume after this ``(scope, key)`` (records come in that order).
         limit: at most this many records.
+        key_prefix: only keys starting with this text (case-sensitive).
+        error_contains: only records whose error contains this text, ignoring the case
+            of ASCII letters.
+
+    .. versionchanged:: 0.3
+       ``key_prefix`` and ``error_contains``.
     """
 
     states: tuple[State, ...] = ()
@@ -63,6 +70,8 @@ class Query:
     lapsed: bool = False
     after: tuple[str, str] | None = None
     limit: int = 100
+    key_prefix: str | None = None
+    error_contains: str | None = None
 
     def matches(self, record: Record, now: float) -> bool:
         """Whether ``record`` qualifies at ``now`` (the stores' predicate in Python)."""
@@ -77,7 +86,23 @@ class Query:
             and (record.lease_until is None or record.lease_until <= now)
         ):
             return False
+        if self.key_prefix is not None and not record.key.startswith(self.key_prefix):
+            return False
+        if self.error_contains is not None and (
+            record.error is None
+            or ascii_lower(self.error_contains) not in ascii_lower(record.error)
+        ):
+            return False
         return self.after is None or (record.scope, record.key) > self.after
+
+
+def ascii_lower(text: str) -> str:
+    """``text`` with ASCII letters lowered, others kept (SQLite's ``lower()``, so every
+    store folds the case of an error search alike)."""
+    return text.translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER = {c: c + 32 for c in range(ord("A"), ord("Z") + 1)}
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from onceonly._core.admin import PurgeRule, Query, ScopeStats
+from onceonly._core.admin import PurgeRule, Query, ScopeStats, ascii_lower
 from onceonly._core.state import State
 
-__all__ = ["purge_predicates", "query_predicate", "stats_from_rows"]
+__all__ = ["like_escape", "purge_predicates", "query_predicate", "stats_from_rows"]
 
 
 def purge_predicates(rule: PurgeRule, cutoff: Any) -> list[tuple[str, list[Any], str]]:
@@ -54,10 +54,24 @@ def query_predicate(query: Query, now: Any, older: Any) -> tuple[str, list[Any]]
     if query.lapsed:
         clauses.append("state = 'in_progress' AND (lease_until IS NULL OR lease_until <= ?)")
         params.append(now)
+    if query.key_prefix is not None:
+        # character-wise on every store (a LIKE range would follow the collation)
+        clauses.append("substr(key , 1, ?) = ?")  # " key " is quoted on MySQL
+        params.extend((len(query.key_prefix), query.key_prefix))
+    if query.error_contains is not None:
+        clauses.append("lower(error) LIKE ? ESCAPE '!'")
+        params.append("%" + like_escape(ascii_lower(query.error_contains)) + "%")
     if query.after is not None:
-        clauses.append("(scope > ? OR (scope = ? AND key > ?))")
-        params.extend((query.after[0], query.after[0], query.after[1]))
+        # a row comparison: the primary key's range starts there (an OR of the two
+        # columns is only a filter, so page n would re-read the n - 1 pages before it)
+        clauses.append("(scope, key ) > (?, ?)")  # " key " is quoted on MySQL
+        params.extend(query.after)
     return " AND ".join(clauses), params
+
+
+def like_escape(text: str) -> str:
+    """``text`` as a literal inside a ``LIKE … ESCAPE '!'`` pattern."""
+    return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
 
 
 def stats_from_rows(rows: list[tuple[Any, ...]], now: float) -> list[ScopeStats]:
