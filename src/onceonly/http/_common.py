@@ -69,7 +69,12 @@ def coerce_rule(rule: object) -> core.RouteRule:
 
 
 def idempotency(
-    requirement: str = "required", *, wait: float = 0.0, atomic: bool = False
+    requirement: str = "required",
+    *,
+    wait: float = 0.0,
+    atomic: bool = False,
+    body_fields: tuple[str, ...] | None = None,
+    ignore_fields: tuple[str, ...] = (),
 ) -> Callable[[F], F]:
     """Mark a view or endpoint with its :class:`~onceonly.http.RouteRule`.
 
@@ -80,13 +85,15 @@ def idempotency(
         wait: seconds a duplicate waits for the request in progress before 409.
         atomic: atomic mode (SQL stores): the handler's writes through ``tx`` and the
             stored response commit together (Flask: ``onceonly.http.flask.current_tx()``).
+        body_fields, ignore_fields: the JSON body fields that count in the fingerprint,
+            or those that do not (:class:`~onceonly.http.RouteRule`).
 
     Returns:
         A decorator returning the function itself, marked.
 
     .. versionadded:: 0.2
     """
-    rule = core.RouteRule(core.Requirement(requirement), wait, atomic)
+    rule = core.RouteRule(core.Requirement(requirement), wait, atomic, body_fields, ignore_fields)
 
     def mark(fn: F) -> F:
         setattr(fn, MARKER, rule)
@@ -146,7 +153,8 @@ def problem_for(exc: OnceOnlyError, header: str) -> core.Problem:
     if isinstance(exc, PayloadMismatch):
         return core.problem(
             "key-mismatch",
-            f"this {header} was already used with another request (method, route or body); "
+            f"this {header} was already used with another request (method, path, query, "
+            "body or a fingerprinted header); "
             "use a new key for a new request",
         )
     if isinstance(exc, InFlight):

@@ -239,7 +239,8 @@ class IdempotencyMiddleware:
                 await _send_problem(send, core.problem("request-too-large", detail))
                 return
         body = b"".join(chunks)
-        fp = core.request_fingerprint(method, route, body, headers, policy.fingerprint_headers)
+        query = bytes(scope.get("query_string", b""))
+        fp = core.request_fingerprint(method, path, query, body, headers, policy, rule)
         if rule.atomic:
             answer = await _atomic.run_asgi(
                 self.app, self.store, self.settings, rule, step, fp, scope, _once(body, receive)

@@ -161,7 +161,8 @@ class IdempotencyMiddleware:
             return _problem(start_response, core.problem("request-too-large", detail))
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
-        fp = core.request_fingerprint(method, route, body, headers, policy.fingerprint_headers)
+        query = str(environ.get("QUERY_STRING", ""))
+        fp = core.request_fingerprint(method, path, query, body, headers, policy, rule)
         if rule.atomic:
             code, out, content = _atomic.run_wsgi(
                 self.app, self.store, self.settings, rule, step, fp, environ

@@ -128,7 +128,8 @@ class IdempotencyMiddleware:
             detail = f"requests carrying a key are limited to {policy.max_request_bytes} bytes"
             return _problem(core.problem("request-too-large", detail))
         body = request.body
-        fp = core.request_fingerprint(method, route, body, headers, policy.fingerprint_headers)
+        query = str(request.META.get("QUERY_STRING", ""))
+        fp = core.request_fingerprint(method, request.path_info, query, body, headers, policy, rule)
         if rule.atomic:
             return self._atomic(request, rule, step, fp)
         runner = LeasedRunner(
