@@ -48,7 +48,6 @@ from typing import Any
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 from onceonly._core.canonical import canonical_json
-
 from onceonly._core.http_replay import (
     NO_BODY,
     StoredResponse,
