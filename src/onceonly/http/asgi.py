@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from onceonly import _acompat
 from onceonly._core import http as core
 from onceonly._core.state import Write, complete_write
 from onceonly.errors import DeadLettered, InFlight, PayloadMismatch, StoreUnavailable
+from onceonly.events import EventHook, HttpEvents, Listener
 from onceonly.http import _atomic
 from onceonly.http._common import HttpRequest, Principal, Settings, log, problem_for, rule_of
 from onceonly.leased_async import AsyncClaim, AsyncLeasedRunner, Replay
@@ -160,8 +161,13 @@ class IdempotencyMiddleware:
         ttl: how long a response is replayed (default 24 hours).
         lease: how long a crashed request blocks its key before a retry runs it again.
         max_attempts: crashed runs of one key before it answers 409 ``key-exhausted``.
+        listeners: event listeners (:mod:`onceonly.events`): one event per keyed
+            request, its ``scope`` the method and route template (``http:POST
+            /orders/{id}``), never the principal, the path or the key.
 
     .. versionadded:: 0.2
+    .. versionchanged:: 0.3
+        ``listeners``.
     """
 
     def __init__(
@@ -176,9 +182,11 @@ class IdempotencyMiddleware:
         ttl: dt.timedelta | float | None = dt.timedelta(hours=24),
         lease: dt.timedelta | float = dt.timedelta(seconds=30),
         max_attempts: int = 5,
+        listeners: Iterable[Listener] = (),
     ) -> None:
         self.app = app
         self.store = store
+        self.events = EventHook(listeners)
         self.settings = Settings(
             principal=principal,
             routes=routes,
@@ -241,6 +249,7 @@ class IdempotencyMiddleware:
         body = b"".join(chunks)
         query = bytes(scope.get("query_string", b""))
         fp = core.request_fingerprint(method, path, query, body, headers, policy, rule)
+        seen = HttpEvents(self.events, method, self._label(scope, method, path, route), step.key)
         if rule.atomic:
             answer = await _atomic.run_asgi(
                 self.app, self.store, self.settings, rule, step, fp, scope, _once(body, receive)
@@ -257,13 +266,22 @@ class IdempotencyMiddleware:
         try:
             got = await runner.claim(step.key, fp)
         except (PayloadMismatch, InFlight, DeadLettered, StoreUnavailable) as exc:
+            seen.refused(exc)
             await _send_problem(send, problem_for(exc, policy.header))
             return
         if isinstance(got, Replay):
+            seen.replayed()
             stored = core.decode_response(got.record)
             await _send_response(send, stored.status, core.replay_headers(stored), stored.body)
             return
-        await self._run(scope, body, receive, send, runner, got)
+        await self._run(scope, body, receive, send, runner, got, seen)
+
+    def _label(self, scope: Scope, method: str, path: str, route: str) -> str | None:
+        """``route`` when a template matched (the events' label), else ``None``."""
+        if not self.events or route != path:
+            return route
+        matched = self.settings.table_rule(method, path) or _starlette_route(scope, self.app)
+        return route if matched else None
 
     async def _run(
         self,
@@ -273,6 +291,7 @@ class IdempotencyMiddleware:
         send: Send,
         runner: AsyncLeasedRunner,
         claim: AsyncClaim,
+        seen: HttpEvents,
     ) -> None:
         replay_receive = _once(body, receive)
         capture = _Capture(send, self.settings.policy)
@@ -281,9 +300,11 @@ class IdempotencyMiddleware:
             lambda: runner._renew(claim),
         )
         heartbeat.start()
+        seen.started(claim.attempt)
         try:
             await self.app(scope, replay_receive, capture.send)
         except BaseException as exc:
+            seen.raised(exc)
             await heartbeat.stop()
             reason = f"the handler raised {type(exc).__name__}"
             await self._finish(runner, claim, core.release_write(claim.record, reason))
@@ -292,9 +313,11 @@ class IdempotencyMiddleware:
         if capture.complete and not capture.passing:
             text = core.encode_response(capture.stored())
             await self._finish(runner, claim, complete_write(claim.record, text, runner.ttl))
+            seen.stored(claim.attempt)
             await capture.flush()
             return
         reason = capture.reason or "the response was not stored"
+        seen.not_stored(reason.lstrip("!"))
         if reason.startswith("!"):
             reason = reason[1:]
             log.warning("%s/%s: %s; the key is released", claim.scope, claim.key, reason)

@@ -20,6 +20,7 @@ from onceonly import _acompat
 from onceonly._core import http as core
 from onceonly._core.state import Write, complete_write
 from onceonly.errors import DeadLettered, InFlight, PayloadMismatch, StoreUnavailable
+from onceonly.events import EventHook, HttpEvents, Listener
 from onceonly.http import _atomic
 from onceonly.http._common import HttpRequest, Principal, Settings, log, problem_for
 from onceonly.leased import Claim, LeasedRunner, Replay
@@ -89,8 +90,11 @@ class IdempotencyMiddleware:
             :class:`onceonly.http.asgi.IdempotencyMiddleware`.
         resolver: finds the route template and marked rule of a request (the Flask
             extension passes one); otherwise ``routes`` or the path is used.
+        listeners: event listeners, as for the ASGI middleware.
 
     .. versionadded:: 0.2
+    .. versionchanged:: 0.3
+        ``listeners``.
     """
 
     def __init__(
@@ -106,9 +110,11 @@ class IdempotencyMiddleware:
         lease: dt.timedelta | float = dt.timedelta(seconds=30),
         max_attempts: int = 5,
         resolver: Resolver | None = None,
+        listeners: Iterable[Listener] = (),
     ) -> None:
         self.app = app
         self.store = store
+        self.events = EventHook(listeners)
         self.resolver = resolver
         self.settings = Settings(
             principal=principal,
@@ -163,6 +169,7 @@ class IdempotencyMiddleware:
         environ["CONTENT_LENGTH"] = str(len(body))
         query = str(environ.get("QUERY_STRING", ""))
         fp = core.request_fingerprint(method, path, query, body, headers, policy, rule)
+        seen = HttpEvents(self.events, method, self._label(environ, method, path, route), step.key)
         if rule.atomic:
             code, out, content = _atomic.run_wsgi(
                 self.app, self.store, self.settings, rule, step, fp, environ
@@ -178,12 +185,21 @@ class IdempotencyMiddleware:
         try:
             got = runner.claim(step.key, fp)
         except (PayloadMismatch, InFlight, DeadLettered, StoreUnavailable) as exc:
+            seen.refused(exc)
             return _problem(start_response, problem_for(exc, policy.header))
         if isinstance(got, Replay):
+            seen.replayed()
             stored = core.decode_response(got.record)
             status = f"{stored.status} {_reason(stored.status)}".strip()
             return _respond(start_response, status, core.replay_headers(stored), stored.body)
-        return self._run(environ, start_response, runner, got)
+        return self._run(environ, start_response, runner, got, seen)
+
+    def _label(self, environ: Environ, method: str, path: str, route: str) -> str | None:
+        """``route`` when a template matched (the events' label), else ``None``."""
+        if not self.events or route != path:
+            return route
+        found = self.resolver(environ) if self.resolver is not None else None
+        return route if found or self.settings.table_rule(method, path) else None
 
     def _run(
         self,
@@ -191,6 +207,7 @@ class IdempotencyMiddleware:
         start_response: StartResponse,
         runner: LeasedRunner,
         claim: Claim,
+        seen: HttpEvents,
     ) -> Iterable[bytes]:
         policy = self.settings.policy
         started: list[tuple[str, list[tuple[str, str]]]] = []
@@ -206,6 +223,7 @@ class IdempotencyMiddleware:
         heartbeat.start()
         buffered: list[bytes] = []
         reason: str | None = None
+        seen.started(claim.attempt)
         try:
             result = self.app(environ, capture)
             rest = iter(result)
@@ -223,11 +241,13 @@ class IdempotencyMiddleware:
                 buffered.extend(written)
                 reason = self._refusal(started, sum(map(len, buffered)))
         except BaseException as exc:
+            seen.raised(exc)
             heartbeat.stop()
             self._finish(runner, claim, core.release_write(claim.record, type(exc).__name__))
             raise
         status, headers = started[0] if started else ("500 Internal Server Error", [])
         if reason is not None:
+            seen.not_stored(reason.lstrip("!"))
             if reason.startswith("!"):
                 reason = reason[1:]
                 log.warning("%s/%s: %s; the key is released", claim.scope, claim.key, reason)
@@ -243,6 +263,7 @@ class IdempotencyMiddleware:
         stored = core.StoredResponse(code, core.kept_headers(headers, policy), body)
         text = core.encode_response(stored)
         self._finish(runner, claim, complete_write(claim.record, text, runner.ttl))
+        seen.stored(claim.attempt)
         start_response(status, headers)
         return [body]
 

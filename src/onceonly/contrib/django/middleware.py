@@ -30,6 +30,7 @@ from onceonly.errors import (
     PayloadMismatch,
     StoreUnavailable,
 )
+from onceonly.events import EventHook, HttpEvents
 from onceonly.http import _atomic
 from onceonly.http._common import Settings, log, problem_for, rule_of
 from onceonly.inbox import Inbox, Tx
@@ -86,6 +87,7 @@ class IdempotencyMiddleware:
                 "returning the user id, API key id or tenant; keys are never shared"
             )
         self.principal: Callable[[HttpRequest], str | None] = principal
+        self.events = EventHook(opts.get("LISTENERS", ()))
         self.settings = Settings(
             principal=lambda _request: None,  # the Django request goes to self.principal
             routes={k.lstrip("/"): v for k, v in opts.get("ROUTES", {}).items()},
@@ -130,6 +132,14 @@ class IdempotencyMiddleware:
         body = request.body
         query = str(request.META.get("QUERY_STRING", ""))
         fp = core.request_fingerprint(method, request.path_info, query, body, headers, policy, rule)
+        label = route if route != "/" + request.path_info.lstrip("/") else None
+        if label is None and self.events:
+            try:
+                resolve(request.path_info)
+                label = route
+            except Resolver404:
+                pass
+        seen = HttpEvents(self.events, method, label, step.key)
         if rule.atomic:
             return self._atomic(request, rule, step, fp)
         runner = LeasedRunner(
@@ -142,8 +152,10 @@ class IdempotencyMiddleware:
         try:
             got = runner.claim(step.key, fp)
         except _CLAIM_ERRORS as exc:
+            seen.refused(exc)
             return _problem(problem_for(exc, policy.header))
         if isinstance(got, Replay):
+            seen.replayed()
             stored = core.decode_response(got.record)
             return _response(stored.status, core.replay_headers(stored), stored.body)
         claim = got
@@ -151,9 +163,11 @@ class IdempotencyMiddleware:
             self.settings.lease.lease_seconds / 3, lambda: runner._renew(claim)
         )
         heartbeat.start()
+        seen.started(claim.attempt)
         try:
             response = self.get_response(request)
-        except BaseException:
+        except BaseException as exc:
+            seen.raised(exc)
             heartbeat.stop()
             runner._final_write(claim, core.release_write(claim.record, "the view raised"))
             raise
@@ -163,6 +177,7 @@ class IdempotencyMiddleware:
             status, out, content = _parts(response)
             _, reason = core.should_store(status, dict(out), policy)
         if reason is not None:
+            seen.not_stored(reason.lstrip("!"))
             if reason.startswith("!"):
                 reason = reason[1:]
                 log.warning("%s/%s: %s; the key is released", claim.scope, claim.key, reason)
@@ -172,6 +187,7 @@ class IdempotencyMiddleware:
         text = core.encode_response(stored)
         if runner._final_write(claim, complete_write(claim.record, text, runner.ttl)) is None:
             log.warning("%s/%s: the lease was lost; nothing stored", claim.scope, claim.key)
+        seen.stored(claim.attempt)
         return response
 
     def _atomic(

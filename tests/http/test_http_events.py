@@ -1,0 +1,144 @@
+# SPDX-License-Identifier: MIT
+"""HTTP requests reach the event listeners (Prometheus, OpenTelemetry, DuplicateCounter)
+with bounded labels: the method and the route template, never the principal, the
+concrete path or the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from flask import Flask
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry, generate_latest
+
+import onceonly
+from onceonly.admin import Admin, DuplicateCounter
+from onceonly.events import Event
+from onceonly.http.fastapi import IdempotencyMiddleware, idempotency_key
+from onceonly.http.flask import OnceOnly, idempotency
+from onceonly.prometheus import PrometheusMetrics
+from onceonly.tracing import OpenTelemetrySpans
+
+SECRETS = ("principal-alice", "principal-bob", "/orders/41/pay", "/orders/42/pay", "key-")
+
+
+def send_all(post: Any) -> list[int]:
+    """A run, a replay, a mismatch, another principal's run, a failure, an unmatched path."""
+
+    def h(key: str, who: str = "principal-alice") -> dict[str, str]:
+        return {"Idempotency-Key": key, "X-User": who}
+
+    return [
+        post("/orders/41/pay", h("key-1")),
+        post("/orders/41/pay", h("key-1")),
+        post("/orders/42/pay", h("key-1")),
+        post("/orders/41/pay", h("key-1", "principal-bob")),
+        post("/orders/41/fail", h("key-2")),
+        post("/nowhere/7", h("key-3")),
+    ]
+
+
+async def test_asgi_events_reach_prometheus_and_opentelemetry() -> None:
+    """Completed, replayed, mismatch and failed events, labelled by method and template."""
+    registry = CollectorRegistry()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    seen: list[Event] = []
+    app = FastAPI()
+
+    @app.post("/orders/{order}/pay", dependencies=[idempotency_key()])
+    async def pay(order: int) -> dict[str, int]:
+        return {"paid": order}
+
+    @app.post("/orders/{order}/fail", dependencies=[idempotency_key()])
+    async def fail(order: int) -> Any:
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse({"error": "down"}, status_code=502)
+
+    app.add_middleware(
+        IdempotencyMiddleware,
+        store=onceonly.open_async_store("memory://"),
+        principal=lambda r: r.headers.get("x-user"),
+        listeners=[
+            PrometheusMetrics(registry),
+            OpenTelemetrySpans(provider.get_tracer("t")),
+            seen.append,
+        ],
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        statuses = []
+        for path, headers in _requests():
+            statuses.append((await c.post(path, json={}, headers=headers)).status_code)
+    assert statuses == [200, 200, 422, 200, 502, 404]
+    kinds = [(e.scope, e.kind.value) for e in seen]
+    label = "http:POST /orders/{order}/pay"
+    assert kinds == [
+        (label, "completed"),
+        (label, "replayed"),
+        (label, "mismatch"),
+        (label, "completed"),
+        ("http:POST /orders/{order}/fail", "failed"),
+        ("http:POST <unmatched>", "completed"),  # the app's 404 is stored, as any 4xx
+    ]
+    metrics = generate_latest(registry).decode()
+    assert f'onceonly_events_total{{outcome="replayed",scope="{label}"}} 1.0' in metrics
+    spans = exporter.get_finished_spans()
+    attributes = " ".join(str(dict(s.attributes or {})) for s in spans)
+    assert label in attributes
+    for secret in SECRETS:
+        assert secret not in metrics and secret not in attributes
+        assert all(secret not in e.scope for e in seen)
+
+
+def _requests() -> list[tuple[str, dict[str, str]]]:
+    out: list[tuple[str, dict[str, str]]] = []
+    send_all(lambda path, headers: out.append((path, headers)) or 0)
+    return out
+
+
+def test_wsgi_events_reach_the_duplicate_counter(tmp_path: Path) -> None:
+    """Flask: DuplicateCounter counts claims and replays per method and route template."""
+    store = onceonly.open_store(f"sqlite:///{tmp_path / 'e.db'}", migrate=True)
+    counter = DuplicateCounter(store, flush_seconds=3600)
+    seen: list[Event] = []
+    app = Flask(__name__)
+
+    @app.post("/orders/<int:order>/pay")
+    @idempotency("required")
+    def pay(order: int) -> Any:
+        return {"paid": order}, 201
+
+    @app.post("/orders/<int:order>/fail")
+    @idempotency("required")
+    def fail(order: int) -> Any:
+        return {"error": "down"}, 502
+
+    OnceOnly(
+        app,
+        store=store,
+        principal=lambda r: r.headers.get("x-user"),
+        listeners=[counter, seen.append],
+    )
+    client = app.test_client()
+    statuses = send_all(
+        lambda path, headers: client.post(path, json={}, headers=headers).status_code
+    )
+    assert statuses == [201, 201, 422, 201, 502, 404]
+    label = "http:POST /orders/<int:order>/pay"
+    assert [e.kind.value for e in seen if e.scope == label] == [
+        "completed", "replayed", "mismatch", "completed",
+    ]  # fmt: skip
+    counter.flush()
+    pay_stats = Admin(store).stats(scope=label).scopes[0]
+    assert (pay_stats.claims, pay_stats.replays) == (3, 1)
+    for secret in SECRETS:
+        assert all(secret not in e.scope for e in seen)
+    store.close()
