@@ -11,8 +11,18 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from tests.conftest import (
+    drop_mysql_table,
+    drop_pg_table,
+    require_mysql,
+    require_postgres,
+    unique_table,
+)
 from tests.http.servers import ROOT
 
 SCRIPT = r"""
@@ -41,7 +51,7 @@ settings.configure(
     ],
     DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": sys.argv[1]}},
     PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
-    ONCEONLY_HTTP={"PRINCIPAL": principal},
+    ONCEONLY_HTTP={"PRINCIPAL": principal, "STORE_URL": sys.argv[2] or None, "TABLE": sys.argv[3]},
 )
 django.setup()
 
@@ -63,6 +73,8 @@ def pay(request, order):
 
 urlpatterns = [path("orders/<int:order>/pay", pay)]
 call_command("migrate", verbosity=0)
+from django.apps import apps
+apps.get_app_config("onceonly").store().migrate()
 alice = User.objects.create_user("alice", password="pw")
 
 def post(client, url, key, body=None):
@@ -94,12 +106,26 @@ print(json.dumps(out))
 """
 
 
-def test_django_identity_and_principals(tmp_path: Path) -> None:
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
+def store_url(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """The store: the default database (SQLite), or PostgreSQL / MariaDB by STORE_URL."""
+    table = unique_table()
+    if request.param == "sqlite":
+        yield "", table
+    elif request.param == "postgres":
+        yield require_postgres(), table
+        drop_pg_table(table)
+    else:
+        yield require_mysql(), table
+        drop_mysql_table(table)
+
+
+def test_django_identity_and_principals(tmp_path: Path, store_url: tuple[str, str]) -> None:
     """Another order or amount with one key: 422; anonymous visitors never share a key;
     an int user id replays; the text "None" is refused (500), never shared."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "dj.db")],
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "dj.db"), *store_url],
         capture_output=True,
         text=True,
         timeout=120,
