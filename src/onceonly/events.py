@@ -14,6 +14,7 @@ wall-clock ``at`` (``time.time_ns()``) when the delivery started, for tracing.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
@@ -254,3 +255,20 @@ class HttpEvents:
         if self._seen is not None:
             self._seen.handler_ended()
             self._seen.raised(exc)
+
+    def relabel(self, listener: Listener) -> Listener:
+        """``listener``, handed every event with this request's label as its ``scope``
+        (for the events of an atomic route's inbox, whose scope is the record's).
+
+        Args:
+            listener: an event listener.
+
+        Returns:
+            The listener seeing relabelled events.
+        """
+        label = self.label
+
+        def relabelled(event: Event) -> None:
+            listener(dataclasses.replace(event, scope=label))
+
+        return relabelled

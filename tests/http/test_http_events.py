@@ -6,7 +6,7 @@ concrete path or the key."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 from fastapi import FastAPI
@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import onceonly
 from onceonly.admin import Admin, DuplicateCounter
 from onceonly.events import Event
-from onceonly.http.fastapi import IdempotencyMiddleware, idempotency_key
+from onceonly.http.fastapi import IdempotencyMiddleware, idempotency_key, idempotent_tx
 from onceonly.http.flask import OnceOnly, idempotency
 from onceonly.prometheus import PrometheusMetrics
 from onceonly.tracing import OpenTelemetrySpans
@@ -142,3 +142,33 @@ def test_wsgi_events_reach_the_duplicate_counter(tmp_path: Path) -> None:
     for secret in SECRETS:
         assert all(secret not in e.scope for e in seen)
     store.close()
+
+
+async def test_atomic_route_events_carry_the_route_label(tmp_path: Path) -> None:
+    """An atomic route's inbox events reach the listeners relabelled by method and route."""
+    seen: list[Event] = []
+    store = onceonly.open_async_store(f"sqlite:///{tmp_path / 'a.db'}")
+    await store.migrate()
+    app = FastAPI()
+
+    @app.post("/transfers/{account}", status_code=201)
+    async def transfer(account: int, tx: Annotated[onceonly.AsyncTx, idempotent_tx()]) -> Any:
+        return {"account": account}
+
+    app.add_middleware(
+        IdempotencyMiddleware,
+        store=store,
+        principal=lambda r: r.headers.get("x-user"),
+        listeners=[seen.append],
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        h = {"Idempotency-Key": "key-9", "X-User": "principal-alice"}
+        statuses = [(await c.post(p, json={}, headers=h)) for p in
+                    ("/transfers/41", "/transfers/41", "/transfers/42")]  # fmt: skip
+    await store.close()
+    assert [r.status_code for r in statuses] == [201, 201, 422], statuses[0].text
+    label = "http:POST /transfers/{account}"
+    assert [(e.scope, e.kind.value) for e in seen] == [
+        (label, "completed"), (label, "replayed"), (label, "mismatch"),
+    ]  # fmt: skip

@@ -23,6 +23,7 @@ from onceonly.errors import (
     PayloadMismatch,
     StoreUnavailable,
 )
+from onceonly.events import Listener
 from onceonly.http._common import Settings, log, problem_for
 from onceonly.inbox import Inbox, Tx
 from onceonly.inbox_async import AsyncInbox, AsyncTx
@@ -115,9 +116,10 @@ async def run_asgi(
     fp: str,
     scope: MutableMapping[str, Any],
     receive: Callable[[], Any],
+    listeners: Iterable[Listener] = (),
 ) -> tuple[int, list[tuple[str, str]], bytes]:
     """Run the ASGI ``app`` in atomic mode; the answer to send."""
-    inbox = AsyncInbox(store, **_options(store, step, settings, rule, fp))
+    inbox = AsyncInbox(store, **_options(store, step, settings, rule, fp), listeners=listeners)
     response = _Response()
 
     async def send(message: MutableMapping[str, Any]) -> None:
@@ -147,10 +149,10 @@ async def run_asgi(
 
 def run_wsgi(
     app: Any, store: Any, settings: Settings, rule: core.RouteRule, step: core.Proceed, fp: str,
-    environ: dict[str, Any],
+    environ: dict[str, Any], listeners: Iterable[Listener] = (),
 ) -> tuple[int, list[tuple[str, str]], bytes]:  # fmt: skip
     """Run the WSGI ``app`` in atomic mode; the answer to return."""
-    inbox = Inbox(store, **_options(store, step, settings, rule, fp))
+    inbox = Inbox(store, **_options(store, step, settings, rule, fp), listeners=listeners)
     response = _Response()
     body = environ["wsgi.input"].read()
 

@@ -252,8 +252,9 @@ class IdempotencyMiddleware:
         seen = HttpEvents(self.events, method, self._label(scope, method, path, route), step.key)
         if rule.atomic:
             answer = await _atomic.run_asgi(
-                self.app, self.store, self.settings, rule, step, fp, scope, _once(body, receive)
-            )
+                self.app, self.store, self.settings, rule, step, fp, scope, _once(body, receive),
+                [seen.relabel(listener) for listener in self.events.listeners],
+            )  # fmt: skip
             await _send_response(send, *answer)
             return
         runner = AsyncLeasedRunner(

@@ -172,8 +172,9 @@ class IdempotencyMiddleware:
         seen = HttpEvents(self.events, method, self._label(environ, method, path, route), step.key)
         if rule.atomic:
             code, out, content = _atomic.run_wsgi(
-                self.app, self.store, self.settings, rule, step, fp, environ
-            )
+                self.app, self.store, self.settings, rule, step, fp, environ,
+                [seen.relabel(listener) for listener in self.events.listeners],
+            )  # fmt: skip
             return _respond(start_response, f"{code} {_reason(code)}".strip(), out, content)
         runner = LeasedRunner(
             self.store,

@@ -141,7 +141,7 @@ class IdempotencyMiddleware:
                 pass
         seen = HttpEvents(self.events, method, label, step.key)
         if rule.atomic:
-            return self._atomic(request, rule, step, fp)
+            return self._atomic(request, rule, step, fp, seen)
         runner = LeasedRunner(
             self.config.store(),
             scope=step.scope,
@@ -191,10 +191,17 @@ class IdempotencyMiddleware:
         return response
 
     def _atomic(
-        self, request: HttpRequest, rule: core.RouteRule, step: core.Proceed, fp: str
+        self,
+        request: HttpRequest,
+        rule: core.RouteRule,
+        step: core.Proceed,
+        fp: str,
+        events: HttpEvents,
     ) -> HttpResponseBase:
         store = self.config.store()
-        inbox = Inbox(store, **_atomic._options(store, step, self.settings, rule, fp))
+        relabelled = [events.relabel(listener) for listener in self.events.listeners]
+        options = _atomic._options(store, step, self.settings, rule, fp)
+        inbox = Inbox(store, **options, listeners=relabelled)
         policy = self.settings.policy
         seen: list[HttpResponseBase] = []
 
