@@ -11,6 +11,7 @@ The tree is organised by what the caller does next::
     ├── EncodingError         (TypeError)    a result that cannot be encoded as JSON
     │   └── InvalidPayload                   a payload without a canonical form: fix the producer
     ├── ConfigurationError    (ValueError)   bad URL, table name, option or missing extra
+    │   ├── InvalidPrincipal                 an HTTP principal callable returned "" or "None"
     │   ├── NotMigrated                      no tables yet: run store.migrate() (a StoreError too)
     │   ├── StoreMisconfigured               no such database, login refused (StoreUnavailable too)
     │   └── UnsupportedEngine                open_store(engine): an engine no store works on
@@ -43,6 +44,7 @@ __all__ = [
     "InFlight",
     "InvalidKey",
     "InvalidPayload",
+    "InvalidPrincipal",
     "LeaseLost",
     "MissingMessageId",
     "NotMigrated",
@@ -134,6 +136,21 @@ class InvalidPayload(EncodingError):
 
 class ConfigurationError(OnceOnlyError, ValueError):
     """A store URL, table name, option or missing optional dependency is wrong."""
+
+
+class InvalidPrincipal(ConfigurationError):
+    """An HTTP ``principal=`` callable returned something that names no client: empty
+    text, the text ``"None"`` (``str(request.user.pk)`` for an anonymous visitor), a
+    bool or another type than ``str``/``int``/``UUID``.
+
+    Such a value would put every anonymous client in one scope, so one would be replayed
+    another's response. Return ``None`` for an unknown client (the request is then
+    refused with 403, or runs unprotected with ``HttpPolicy(anonymous="pass")``), e.g.
+    with ``onceonly.contrib.django.principals.user_principal``. Raised when the request
+    arrives (the server answers 500); nothing was stored.
+
+    .. versionadded:: 0.3
+    """
 
 
 class UnsupportedEngine(ConfigurationError):

@@ -14,6 +14,7 @@ wall-clock ``at`` (``time.time_ns()``) when the delivery started, for tracing.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
@@ -23,7 +24,16 @@ from typing import Any
 
 from onceonly.errors import DeadLettered, InFlight, LeaseLost, PayloadMismatch, StoreUnavailable
 
-__all__ = ["Event", "EventHook", "EventKind", "Listener", "Observation"]
+__all__ = [
+    "UNMATCHED_ROUTE",
+    "Event",
+    "EventHook",
+    "EventKind",
+    "HttpEvents",
+    "Listener",
+    "Observation",
+    "http_label",
+]
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +179,100 @@ class Observation:
         if ran:
             self.hook.emit(self._event(EventKind.FAILED, name))
 
-    def emit(self, kind: EventKind) -> None:
-        """An event of ``kind`` now (renewals)."""
-        self.hook.emit(self._event(kind))
+    def emit(self, kind: EventKind, error: str | None = None) -> None:
+        """An event of ``kind`` now (renewals; a response that was not stored)."""
+        self.hook.emit(self._event(kind, error))
+
+
+UNMATCHED_ROUTE = "<unmatched>"
+"""The route label of a request no route template matched (never its concrete path)."""
+
+
+def http_label(method: str, route: str | None) -> str:
+    """The ``scope`` of an HTTP request's events: ``http:METHOD route-template``.
+
+    A bounded label: the method and the route template (``/orders/{id}``), never the
+    concrete path, the principal or the key (the record's own scope holds the principal's
+    hash, one per client, so it is not used). ``route=None``: no template matched.
+
+    .. versionadded:: 0.3
+    """
+    return f"http:{method} {route if route is not None else UNMATCHED_ROUTE}"
+
+
+class HttpEvents:
+    """The events of one keyed HTTP request, labelled by :func:`http_label`.
+
+    Each request ends in one outcome: ``replayed`` (a duplicate answered from the
+    record), ``completed`` (its response was stored, or the key completed as served
+    without a replayable response: a stream, over the size limit), ``failed`` (the
+    handler raised, or its response was not stored and the key was given back: a 5xx;
+    or the store stayed away for the final write), ``lease_lost`` (a stalled holder; the
+    winner's response was sent), or the claim's refusal (``in_flight``, ``mismatch``,
+    ``dead_lettered``, ``unavailable``). Listeners are those of :class:`EventHook`: Prometheus
+    (``onceonly.prometheus``), OpenTelemetry (``onceonly.tracing``),
+    ``DuplicateCounter``, or any callable.
+
+    Args:
+        hook: the middleware's listeners.
+        method: the request's method.
+        route: the matched route template, or ``None``.
+        key: the idempotency key (an event field, never a metrics label).
+
+    .. versionadded:: 0.3
+    """
+
+    def __init__(self, hook: EventHook, method: str, route: str | None, key: str) -> None:
+        self.label = http_label(method, route)
+        self._seen = Observation(hook, self.label, key) if hook else None
+
+    def refused(self, exc: BaseException) -> None:
+        """The claim was refused with ``exc`` (in flight, mismatch, dead, store down)."""
+        if self._seen is not None:
+            self._seen.raised(exc)
+
+    def replayed(self) -> None:
+        """The stored response was sent."""
+        if self._seen is not None:
+            self._seen.returned(True, 0)
+
+    def started(self, attempt: int) -> None:
+        """The handler starts (run ``attempt`` of the key)."""
+        if self._seen is not None:
+            self._seen.handler_started(attempt)
+
+    def stored(self, attempt: int) -> None:
+        """The handler's response was stored (or the key completed as served)."""
+        if self._seen is not None:
+            self._seen.handler_ended()
+            self._seen.returned(False, attempt)
+
+    def not_stored(self, error: str) -> None:
+        """The handler answered, but its response was not stored (the key given back)."""
+        if self._seen is not None:
+            self._seen.handler_ended()
+            self._seen.emit(EventKind.FAILED, error)
+
+    def raised(self, exc: BaseException) -> None:
+        """The handler raised ``exc``, or its end could not be written (``LeaseLost``,
+        ``OutcomeNotRecorded``)."""
+        if self._seen is not None:
+            self._seen.handler_ended()
+            self._seen.raised(exc)
+
+    def relabel(self, listener: Listener) -> Listener:
+        """``listener``, handed every event with this request's label as its ``scope``
+        (for the events of an atomic route's inbox, whose scope is the record's).
+
+        Args:
+            listener: an event listener.
+
+        Returns:
+            The listener seeing relabelled events.
+        """
+        label = self.label
+
+        def relabelled(event: Event) -> None:
+            listener(dataclasses.replace(event, scope=label))
+
+        return relabelled

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from onceonly._core import http as core
 from onceonly._core.state import Record, State
-from onceonly.errors import ConfigurationError, CorruptRecord
+from onceonly.errors import ConfigurationError, CorruptRecord, InvalidKey, InvalidPrincipal
 
 POLICY = core.HttpPolicy()
 REQ = core.RouteRule(core.Requirement.REQUIRED)
@@ -29,20 +31,98 @@ def test_plan_missing_key() -> None:
     assert isinstance(core.plan("POST", "/", {}, "u", OPT, POLICY), core.Pass)
 
 
-def test_plan_scopes_by_method_route_and_principal() -> None:
-    """The scope differs per principal, route and method, and holds no raw principal."""
+def test_plan_scopes_by_principal_and_namespace_only() -> None:
+    """The scope is the principal (hashed) and the namespace: never the method or path."""
     h = {"idempotency-key": '"abc"'}
     a = core.plan("POST", "/o", h, "secret-api-key", REQ, POLICY)
     assert isinstance(a, core.Proceed) and a.key == "abc"
-    assert "secret-api-key" not in a.scope and a.scope.startswith("http:POST:/o:")
-    others = [
-        core.plan("POST", "/o", h, "other", REQ, POLICY),
+    assert "secret-api-key" not in a.scope and a.scope.startswith("http::")
+    same = [
         core.plan("PATCH", "/o", h, "secret-api-key", REQ, POLICY),
-        core.plan("POST", "/p", h, "secret-api-key", REQ, POLICY),
+        core.plan("POST", "/p/" + "x" * 300, h, "secret-api-key", REQ, POLICY),
     ]
-    assert all(isinstance(o, core.Proceed) and o.scope != a.scope for o in others)
-    long = core.plan("POST", "/" + "x" * 300, h, "u", REQ, POLICY)
-    assert isinstance(long, core.Proceed) and len(long.scope) <= 255
+    assert all(isinstance(o, core.Proceed) and o.scope == a.scope for o in same)
+    other = core.plan("POST", "/o", h, "other", REQ, POLICY)
+    billing = core.plan("POST", "/o", h, "secret-api-key", REQ, core.HttpPolicy(namespace="b"))
+    assert isinstance(other, core.Proceed) and other.scope != a.scope
+    assert isinstance(billing, core.Proceed) and billing.scope.startswith("http:b:")
+    assert billing.scope != a.scope and len(billing.scope) <= 255
+    with pytest.raises(ConfigurationError):
+        core.HttpPolicy(namespace="a:b")
+
+
+@pytest.mark.parametrize("bad", ["", "  ", "None", True, 1.5, b"u1", object()])
+def test_principal_that_names_no_client_is_refused(bad: object) -> None:
+    """Empty text, the text "None", a bool or another type raise InvalidPrincipal."""
+    with pytest.raises(InvalidPrincipal):
+        core.plan("POST", "/", {"idempotency-key": "k"}, bad, REQ, POLICY)
+
+
+def test_principal_int_and_uuid_are_their_text() -> None:
+    """An int principal (Django's user.pk) is its decimal text; a UUID its canonical text."""
+    h = {"idempotency-key": "k"}
+    ints = core.plan("POST", "/", h, 42, REQ, POLICY)
+    text = core.plan("POST", "/", h, "42", REQ, POLICY)
+    assert isinstance(ints, core.Proceed) and ints == text
+    u = uuid.UUID(int=7)
+    assert core.plan("POST", "/", h, u, REQ, POLICY) == core.plan(
+        "POST", "/", h, str(u), REQ, POLICY
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [("abc", "abc"), ('"abc"', "abc"), (' "a b" ', "a b"), ('"a\\"b"', 'a"b'),
+     ('"a\\\\b"', "a\\b"), ("k-1_2.3~x:y/z=;", "k-1_2.3~x:y/z=;")],
+)  # fmt: skip
+def test_parse_key_accepts_sf_strings_and_bare_keys(raw: str, key: str) -> None:
+    """An RFC 8941 sf-string is unquoted and unescaped; a bare visible-ASCII key is kept."""
+    assert core.parse_key(raw) == key
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["k1, k2", '"k1", "k2"', '"a"b"', '"a\\nb"', '"abc', "a b", 'a"b', "a\\b", "café",
+     '"café"', '""', "", '"abc";p=1', '"' + "x" * 256 + '"', "\x00"],
+)  # fmt: skip
+def test_parse_key_refuses_everything_else(raw: str) -> None:
+    """Lists, inner quotes, other escapes, parameters and non-ASCII are 400 invalid-key."""
+    with pytest.raises(InvalidKey):
+        core.parse_key(raw)
+    p = core.plan("POST", "/", {"idempotency-key": raw}, "u", REQ, POLICY)
+    assert isinstance(p, core.Problem) and p.name == "invalid-key" and p.status == 400
+
+
+def test_canonical_query() -> None:
+    """Order of names, + and %20, escapes of plain characters do not count; values do."""
+    q = core.canonical_query
+    assert q("b=2&a=1") == q("a=1&b=2") == q(b"a=%31&&b=2") == "a=1&b=2"
+    assert q("a=x+y") == q("a=x%20y") and q("a") == q("a=")
+    assert q("t=a&t=b") != q("t=b&t=a")  # a repeated name keeps its order
+    assert q("amount=5") != q("amount=500") and q("a=%FF") != q("a=%FE")
+    assert q("x=\xc3\xa9") == q("x=%C3%A9")  # raw bytes (latin-1 text) and their escapes
+
+
+def test_body_identity() -> None:
+    """JSON canonically (order, whitespace, exact numbers); anything else by its bytes."""
+    j = "application/json"
+    b = core.body_identity
+    assert b(b'{"b": 1, "a": 2}', j) == b(b'{"a":2,"b":1}', "application/merge-patch+json")
+    assert b(b'{"a": 1}', j) == b(b'{"a": 1.0}', j)
+    assert b(b'{"a": 0.1}', j) != b(b'{"a": 0.10000000000000001}', j)
+    assert b(b'{"a": 9007199254740993}', j) != b(b'{"a": 9007199254740992}', j)
+    assert b(b'{"b": 1, "a": 2}', "text/plain") != b(b'{"a":2,"b":1}', "text/plain")
+    assert b(b'{"a":1,"a":2}', j) == b"raw:" + b'{"a":1,"a":2}'  # duplicate members: raw
+    assert b(b'{"a":NaN}', j).startswith(b"raw:") and b(b"\xff", j).startswith(b"raw:")
+    only = core.RouteRule(body_fields=("amount",))
+    assert b(b'{"amount":5,"ts":1}', j, only) == b(b'{"ts":2,"amount":5}', j, only)
+    assert b(b'{"amount":5,"ts":1}', j, only) != b(b'{"amount":6,"ts":1}', j, only)
+    skip = core.RouteRule(ignore_fields=("ts",))
+    assert b(b'{"amount":5,"ts":1}', j, skip) == b(b'{"amount":5,"ts":2}', j, skip)
+    assert b(b'{"amount":5,"ts":1}', j, skip) != b(b'{"amount":6,"ts":1}', j, skip)
+    assert b(b"[1]", j, skip) == b(b"[1]", j)  # not an object: whole
+    with pytest.raises(ConfigurationError):
+        core.RouteRule(body_fields=("a",), ignore_fields=("b",))
 
 
 def test_plan_no_principal() -> None:
@@ -54,16 +134,24 @@ def test_plan_no_principal() -> None:
     assert isinstance(core.plan("POST", "/", h, None, REQ, lax), core.Pass)
 
 
-def test_fingerprint_covers_method_route_body_and_chosen_headers() -> None:
+def test_fingerprint_covers_method_path_query_body_and_chosen_headers() -> None:
     """Each part changes the fingerprint; unchosen headers do not."""
-    base = core.request_fingerprint("POST", "/o", b"{}", {"x-a": "1"}, ["x-a"])
-    assert base.startswith("h1:")
-    assert base == core.request_fingerprint("POST", "/o", b"{}", {"x-a": "1", "x-b": "2"}, ["x-a"])
+    pol = core.HttpPolicy(fingerprint_headers=("X-A",))
+    j = {"x-a": "1", "content-type": "application/json"}
+
+    def fp(m: str, p: str, q: str, body: bytes, h: dict[str, str]) -> str:
+        return core.request_fingerprint(m, p, q, body, h, pol)
+
+    base = fp("POST", "/o/1", "a=1&b=2", b'{"x": 1, "y": 2}', j)
+    assert base.startswith("h2:")
+    assert base == fp("POST", "/o/1", "b=2&a=1", b'{"y":2,"x":1}', {**j, "x-b": "2"})
     for other in [
-        core.request_fingerprint("PATCH", "/o", b"{}", {"x-a": "1"}, ["x-a"]),
-        core.request_fingerprint("POST", "/p", b"{}", {"x-a": "1"}, ["x-a"]),
-        core.request_fingerprint("POST", "/o", b"{ }", {"x-a": "1"}, ["x-a"]),
-        core.request_fingerprint("POST", "/o", b"{}", {"x-a": "2"}, ["x-a"]),
+        fp("PATCH", "/o/1", "a=1&b=2", b'{"x": 1, "y": 2}', j),
+        fp("POST", "/o/2", "a=1&b=2", b'{"x": 1, "y": 2}', j),
+        fp("POST", "/o/1", "a=1&b=3", b'{"x": 1, "y": 2}', j),
+        fp("POST", "/o/1", "a=1&b=2", b'{"x": 1, "y": 3}', j),
+        fp("POST", "/o/1", "a=1&b=2", b'{"x": 1, "y": 2}', {**j, "x-a": "2"}),
+        fp("POST", "/o/1", "a=1&b=2", b'{"x": 1, "y": 2}', {**j, "content-type": "text/plain"}),
     ]:
         assert other != base
 

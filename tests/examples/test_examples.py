@@ -43,3 +43,15 @@ def test_webhook_inbox_example(tmp_path: Path) -> None:
     assert "github redelivery: 200 replayed=True" in out
     assert "stripe retry: {'handled': 'payment_intent.succeeded', 'replayed': True}" in out
     assert "events: {'github': 1, 'stripe': 1}" in out
+
+
+def test_django_rest_framework_example(tmp_path: Path) -> None:
+    """DRF token clients: a retry replays, the key on another order is 422, another
+    client's same key runs apart, an anonymous keyed request is 403; two charges."""
+    out = run("django_rest_framework.py", str(tmp_path / "drf.db"))
+    assert "first: 201 {'order': 1, 'charged': 5, 'charge': 1}" in out
+    assert "retry: 201 {'order': 1, 'charged': 5, 'charge': 1} replayed: true" in out
+    assert "same key, order 2: 422 key-mismatch" in out
+    assert "bob, same key: 201 {'order': 3, 'charged': 9, 'charge': 2}" in out
+    assert "anonymous: 403 no-principal" in out
+    assert "charges: [('alice', 1, 5), ('bob', 3, 9)]" in out

@@ -84,11 +84,13 @@ def test_replay_is_faithful(client: FlaskClient, calls: list[Any]) -> None:
     assert len(calls) == 1
 
 
-def test_route_template_scopes_the_key(client: FlaskClient, calls: list[Any]) -> None:
-    """One key on two paths of one rule: the fingerprint holds the rule, the body differs."""
+def test_one_key_on_two_paths_of_one_rule_is_a_mismatch(
+    client: FlaskClient, calls: list[Any]
+) -> None:
+    """One key on two paths of one rule: the concrete path is in the fingerprint, so 422."""
     client.post("/orders/7", json={"a": 1}, headers=hdrs())
     r = client.post("/orders/8", json={"a": 1}, headers=hdrs())
-    assert r.status_code == 201 and r.headers.get("Idempotent-Replayed") == "true"
+    assert r.status_code == 422 and "Idempotent-Replayed" not in r.headers
     assert len(calls) == 1
 
 

@@ -9,14 +9,22 @@ Defaults follow draft-ietf-httpapi-idempotency-key-header; every one is a field 
    through untouched.
 2. No ``Idempotency-Key`` header: a ``required`` route answers 400 ``missing-key``; an
    ``optional`` one passes through.
-3. A key that is empty, longer than 255 characters or holds a control character: 400
-   ``invalid-key``. A key written as a structured-field string (``"abc"``) is unquoted.
+3. The header is an RFC 8941 sf-string (``"abc"``, escapes ``\\"`` and ``\\\\`` only) or,
+   for the many clients that send it unquoted, a bare key of visible ASCII without
+   spaces, commas, quotes or backslashes; 1..255 characters. Anything else (two fields
+   joined ``"k1, k2"``, a quote inside, another escape, a byte past ASCII): 400
+   ``invalid-key`` (:func:`parse_key`).
 4. No principal (the caller's callable returned ``None``): 403 ``no-principal``; a key is
    never shared by clients the server cannot tell apart (``anonymous="pass"`` runs the
-   request without storing it instead).
-5. The key's scope is ``method + route template + principal`` (the principal hashed, so
-   no credential lands in the store); its fingerprint is ``method + route + body`` (+ the
-   chosen headers): the same key with another request is 422 ``key-mismatch``.
+   request without storing it instead). An ``int`` principal is its decimal text; an
+   empty one, or the text ``"None"`` (``str()`` of a missing id), raises
+   :class:`~onceonly.errors.InvalidPrincipal` (a server bug, never a shared key).
+5. The key's scope is ``policy.namespace + principal`` (the principal hashed, so no
+   credential lands in the store): one key names one request of one client. Its
+   fingerprint is the method, the **concrete path**, the **canonical query string**, the
+   body (JSON canonically, or the fields the route chooses) and the chosen headers: the
+   same key with any other request is 422 ``key-mismatch``, never a replay and never a
+   fresh run. The route template is only a label (metrics, logs).
 6. After the handler: 2xx, 3xx and deterministic 4xx are stored; 5xx only with
    ``store_server_errors``; 401, 403, 407, 408, 409, 423, 425 and 429 never (they depend
    on time or credentials); a response not stored gives the key back before it is sent.
@@ -34,9 +42,14 @@ import enum
 import hashlib
 import json
 import re
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+from urllib.parse import quote_from_bytes, unquote_to_bytes
 
+from onceonly._core.canonical import canonical_json
 from onceonly._core.http_replay import (
     BODY_HEADERS,
     NO_BODY,
@@ -50,7 +63,7 @@ from onceonly._core.http_replay import (
 )
 from onceonly._core.keys import validate_key
 from onceonly._core.state import Record, State, Write
-from onceonly.errors import ConfigurationError, InvalidKey
+from onceonly.errors import ConfigurationError, InvalidKey, InvalidPayload, InvalidPrincipal
 
 __all__ = [
     "NEVER_STORED_HEADERS",
@@ -62,12 +75,16 @@ __all__ = [
     "Requirement",
     "RouteRule",
     "StoredResponse",
+    "body_identity",
+    "canonical_query",
     "decode_response",
     "encode_response",
     "encode_unavailable",
     "kept_headers",
     "match_route",
+    "parse_key",
     "plan",
+    "principal_text",
     "problem",
     "release_write",
     "replay_headers",
@@ -124,12 +141,23 @@ class RouteRule:
         rerun_unstored: a response that cannot be kept (a stream, over the size limit)
             gives the key back, so a retry runs the handler again; by default the key
             completes and a duplicate gets 409 ``replay-unavailable``.
+        body_fields: only these top-level fields of a JSON object body count in the
+            fingerprint (a missing one counts as ``null``), for a body whose other
+            fields do not decide the effect (a client timestamp, a trace id). ``None``:
+            the whole body.
+        ignore_fields: top-level fields of a JSON object body left out of the
+            fingerprint. A body that is not a JSON object is fingerprinted whole.
+
+    .. versionchanged:: 0.3
+        ``body_fields`` and ``ignore_fields``.
     """
 
     requirement: Requirement = Requirement.OPTIONAL
     wait: float = 0.0
     atomic: bool = False
     rerun_unstored: bool = False
+    body_fields: tuple[str, ...] | None = None
+    ignore_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.requirement, Requirement):
@@ -138,6 +166,15 @@ class RouteRule:
             raise ConfigurationError("an atomic route requires the key (its handler needs tx)")
         if not 0 <= self.wait < 3600:
             raise ConfigurationError(f"wait must be within [0, 3600) seconds, not {self.wait}")
+        for what in ("body_fields", "ignore_fields"):
+            value = getattr(self, what)
+            if value is None:
+                continue
+            if isinstance(value, str) or not all(isinstance(f, str) for f in value):
+                raise ConfigurationError(f"{what} must be a tuple of field names, not {value!r}")
+            object.__setattr__(self, what, tuple(value))
+        if self.body_fields is not None and self.ignore_fields:
+            raise ConfigurationError("give body_fields or ignore_fields, not both")
 
 
 @dataclass(frozen=True)
@@ -154,6 +191,12 @@ class HttpPolicy:
         store_server_errors: store 5xx responses too (default: release, so a retry runs).
         anonymous: ``"reject"`` (403) or ``"pass"`` (run unprotected) when the request
             has a key but the principal callable found no principal.
+        namespace: keeps the keys of apps that share one store and one table apart
+            (letters, digits, ``.``, ``_``, ``-``; up to 64). Keys are scoped by it and
+            the principal, never by the path (docs/http.md, "Identity").
+
+    .. versionchanged:: 0.3
+        ``namespace``.
     """
 
     header: str = "Idempotency-Key"
@@ -170,8 +213,13 @@ class HttpPolicy:
     max_response_bytes: int = MIB
     store_server_errors: bool = False
     anonymous: str = "reject"
+    namespace: str = ""
 
     def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9._-]{0,64}", self.namespace):
+            raise ConfigurationError(
+                f"namespace {self.namespace!r}: use up to 64 letters, digits, '.', '_', '-'"
+            )
         object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
         lowered = tuple(h.lower() for h in self.replay_headers)
         refused = sorted(set(lowered) & NEVER_STORED_HEADERS)
@@ -258,26 +306,100 @@ def _hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def scope_of(method: str, route: str, principal: str) -> str:
-    """The record scope: ``http:METHOD:route:<principal hash>`` (hashed route if long)."""
-    who = _hash(principal)[:32]
-    scope = f"http:{method}:{route}:{who}"
-    if len(scope) > 255:
-        scope = f"http:{method}:#{_hash(route)[:32]}:{who}"
-    return scope
+def principal_text(principal: object) -> str | None:
+    """The principal as text: ``None`` stays ``None`` (no client), an ``int`` or a UUID is
+    its text.
+
+    Raises:
+        InvalidPrincipal: empty (or blank) text, the text ``"None"`` (``str()`` of an
+            anonymous user's id), a bool, or any other type: each would put clients
+            the server cannot tell apart in one scope.
+    """
+    if principal is None:
+        return None
+    if isinstance(principal, bool):
+        raise InvalidPrincipal(f"the principal callable returned {principal!r}, not an id")
+    if isinstance(principal, int):
+        return str(principal)
+    if isinstance(principal, uuid.UUID):
+        return str(principal)
+    if not isinstance(principal, str):
+        raise InvalidPrincipal(
+            "the principal callable must return str, int, UUID or None, "
+            f"not {type(principal).__name__}"
+        )
+    if not principal.strip() or principal.strip() == "None":
+        raise InvalidPrincipal(
+            f"the principal callable returned {principal!r}: return None for a client "
+            "you cannot identify (an anonymous user), never a constant text"
+        )
+    return principal
+
+
+def scope_of(principal: str, namespace: str = "") -> str:
+    """The record scope ``http:<namespace>:<principal hash>``.
+
+    Not the method, path or route: a key names one request of one client, so the same
+    key with another request finds the record and its fingerprint answers 422.
+    """
+    return f"http:{namespace}:{_hash(principal)[:32]}"
+
+
+_BARE_KEY = re.compile(r"[!#$%&'()*+\-./0-9:;<=>?@A-Z\[\]^_`a-z{|}~]+")
+_SF_STRING = re.compile(r'"((?:[ !#-\[\]-~]|\\["\\])*)"')
+_SF_ESCAPE = re.compile(r'\\(["\\])')
+
+
+def parse_key(raw: str) -> str:
+    """The key in an ``Idempotency-Key`` field value.
+
+    The value is an RFC 8941 sf-string (``"abc"``; inside, printable ASCII with ``\\"``
+    and ``\\\\`` as the only escapes), or, for compatibility with the clients that send
+    it unquoted, a bare key of visible ASCII without ``"``, ``,``, ``\\`` or spaces.
+    Spaces around the value are ignored.
+
+    Raises:
+        InvalidKey: anything else: two fields joined (``"a", "b"`` or ``a, b``), a quote
+            inside, another escape, parameters, a character past ASCII, an empty key or
+            one over 255 characters.
+    """
+    text = raw.strip(" \t")
+    if _BARE_KEY.fullmatch(text):
+        return validate_key(text)
+    quoted = _SF_STRING.fullmatch(text)
+    if quoted is None:
+        if "," in text:
+            raise InvalidKey("one key per request: the header holds a list (two fields?)")
+        raise InvalidKey(
+            "not a structured-field string (RFC 8941: printable ASCII in double quotes, "
+            'with \\" and \\\\ as the only escapes) nor a bare key of visible ASCII'
+        )
+    return validate_key(_SF_ESCAPE.sub(r"\1", quoted.group(1)))
 
 
 def plan(
     method: str,
     route: str,
     headers: Mapping[str, str],
-    principal: str | None,
+    principal: object,
     rule: RouteRule,
     policy: HttpPolicy,
 ) -> Pass | Proceed | Problem:
     """What to do with a request before reading its body (rules 1-5 of the module doc).
 
-    ``headers`` maps lower-case names to values.
+    Args:
+        method: the upper-case method.
+        route: the route template (a label only: the scope does not depend on it).
+        headers: lower-case names to values.
+        principal: what the principal callable returned (``str``, ``int``, UUID, None).
+        rule: the route's rule.
+        policy: the settings.
+
+    Returns:
+        Pass, a Problem to answer, or Proceed with the record's scope and the key.
+
+    Raises:
+        InvalidPrincipal: see :func:`principal_text`.
     """
     if method not in policy.methods or rule.requirement is Requirement.OFF:
         return Pass()
@@ -286,14 +408,12 @@ def plan(
         if rule.requirement is Requirement.REQUIRED:
             return problem("missing-key", f"this route requires the {policy.header} header")
         return Pass()
-    key = raw.strip()
-    if len(key) >= 2 and key[0] == key[-1] == '"':
-        key = key[1:-1]
     try:
-        key = validate_key(key)
+        key = parse_key(raw)
     except InvalidKey as exc:
         return problem("invalid-key", f"{policy.header}: {exc.message}")
-    if principal is None:
+    who = principal_text(principal)
+    if who is None:
         if policy.anonymous == "pass":
             return Pass()
         return problem(
@@ -301,23 +421,126 @@ def plan(
             "the request carries an idempotency key but no client identity, and responses "
             "are never shared between clients; authenticate the request",
         )
-    return Proceed(scope_of(method, route, principal), key)
+    return Proceed(scope_of(who, policy.namespace), key)
+
+
+def canonical_query(query: str | bytes) -> str:
+    """The query string in one spelling per meaning.
+
+    Split on ``&``, each part on its first ``=``; ``+`` is a space and percent-escapes
+    are decoded (to bytes, so every byte sequence stays distinct); then each name and
+    value is percent-encoded again, and the pairs are sorted by name, keeping the order
+    of a repeated name's values (``?tag=a&tag=b`` is not ``?tag=b&tag=a``). Empty parts
+    are dropped; ``?a`` and ``?a=`` are the same. ``query`` is the raw query: bytes, or
+    text holding them one character per byte (latin-1, as ASGI and WSGI give it).
+    """
+    if isinstance(query, str):
+        try:
+            data = query.encode("latin-1")
+        except UnicodeEncodeError:
+            data = query.encode("utf-8", "surrogateescape")
+    else:
+        data = query
+    pairs: list[tuple[bytes, bytes]] = []
+    for part in data.split(b"&"):
+        if not part:
+            continue
+        name, _, value = part.partition(b"=")
+        pairs.append(
+            (
+                unquote_to_bytes(name.replace(b"+", b" ")),
+                unquote_to_bytes(value.replace(b"+", b" ")),
+            )
+        )
+    pairs.sort(key=lambda pair: pair[0])
+    return "&".join(
+        f"{quote_from_bytes(n, safe='')}={quote_from_bytes(v, safe='')}" for n, v in pairs
+    )
+
+
+class _NotJson(Exception):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(name)
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _NotJson("a duplicate member name")
+    return out
+
+
+def _is_json(content_type: str | None) -> bool:
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def body_identity(body: bytes, content_type: str | None, rule: RouteRule | None = None) -> bytes:
+    """What of ``body`` decides the request's effect, as bytes.
+
+    A JSON body (``application/json``, ``application/*+json``) that parses is its
+    canonical JSON (``_core/canonical.py``: member order and whitespace do not count;
+    numbers by exact decimal value) prefixed ``json:``, restricted to the rule's
+    ``body_fields`` or without its ``ignore_fields`` when it is an object. Anything else
+    (another type, JSON that does not parse, duplicate members, NaN) is ``raw:`` and its
+    bytes.
+    """
+    if _is_json(content_type):
+        try:
+            value = json.loads(
+                body.decode("utf-8"),
+                parse_float=Decimal,
+                parse_constant=_no_constant,
+                object_pairs_hook=_unique,
+            )
+            fields: Iterable[str] | None = None
+            if rule is not None and isinstance(value, dict):
+                if rule.body_fields is not None:
+                    fields = rule.body_fields
+                elif rule.ignore_fields:
+                    value = {k: v for k, v in value.items() if k not in rule.ignore_fields}
+            return b"json:" + canonical_json(value, fields)
+        except (UnicodeDecodeError, ValueError, _NotJson, InvalidPayload, RecursionError):
+            pass
+    return b"raw:" + body
 
 
 def request_fingerprint(
     method: str,
-    route: str,
+    path: str,
+    query: str | bytes,
     body: bytes,
     headers: Mapping[str, str],
-    names: Iterable[str] = (),
+    policy: HttpPolicy,
+    rule: RouteRule | None = None,
 ) -> str:
-    """``h1:`` + SHA-256 of the method, route, chosen headers and body."""
+    """``h2:`` + SHA-256 of everything that decides the request's effect.
+
+    Args:
+        method: the upper-case method.
+        path: the concrete path (``/orders/1/pay``, not the route template).
+        query: the raw query string (:func:`canonical_query`).
+        body: the request body (:func:`body_identity`, by the ``content-type`` header).
+        headers: lower-case names to values.
+        policy: its ``fingerprint_headers`` count too.
+        rule: the route's ``body_fields`` / ``ignore_fields``.
+
+    Returns:
+        The fingerprint stored with the key; the same key with another fingerprint is
+        422 ``key-mismatch``.
+    """
     h = hashlib.sha256()
-    chosen = [[n, headers.get(n)] for n in names]
-    h.update(json.dumps([method, route, chosen]).encode("utf-8", "surrogatepass"))
+    chosen = [[n, headers.get(n)] for n in policy.fingerprint_headers]
+    head = [method, path, canonical_query(query), chosen]
+    h.update(json.dumps(head).encode("utf-8", "surrogatepass"))
     h.update(b"\n")
-    h.update(body)
-    return "h1:" + h.hexdigest()
+    h.update(body_identity(body, headers.get("content-type"), rule))
+    return "h2:" + h.hexdigest()
 
 
 def should_store(

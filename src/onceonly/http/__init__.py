@@ -3,7 +3,9 @@
 
 ``onceonly.http.asgi.IdempotencyMiddleware`` and ``onceonly.http.wsgi.IdempotencyMiddleware``
 are the drivers (leased mode, any store); ``onceonly.http.fastapi`` and
-``onceonly.http.flask`` add the framework helpers. This package imports no framework.
+``onceonly.http.flask`` add the framework helpers; ``scope_user`` (Starlette's
+authentication) and ``remote_user`` (WSGI ``REMOTE_USER``) are principal callables. This
+package imports no framework.
 """
 
 from onceonly._core.http import (
@@ -15,6 +17,7 @@ from onceonly._core.http import (
     StoredResponse,
 )
 from onceonly.http._common import HttpRequest, idempotency
+from onceonly.http.principals import remote_user, scope_user
 
 __all__ = [
     "PROBLEM_TYPE_BASE",
@@ -25,4 +28,6 @@ __all__ = [
     "RouteRule",
     "StoredResponse",
     "idempotency",
+    "remote_user",
+    "scope_user",
 ]

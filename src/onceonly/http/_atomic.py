@@ -36,6 +36,7 @@ from onceonly.errors import (
     PayloadMismatch,
     StoreUnavailable,
 )
+from onceonly.events import Listener
 from onceonly.http._common import Settings, log, problem_for
 from onceonly.inbox import Inbox, Tx
 from onceonly.inbox_async import AsyncInbox, AsyncTx
@@ -58,7 +59,12 @@ class _NotStored(Exception):
 
 
 def _options(
-    store: object, step: core.Proceed, settings: Settings, rule: core.RouteRule, fp: str
+    store: object,
+    step: core.Proceed,
+    settings: Settings,
+    rule: core.RouteRule,
+    fp: str,
+    listeners: Iterable[Listener] = (),
 ) -> dict[str, Any]:
     if not getattr(store, "atomic", False):
         raise ConfigurationError(
@@ -73,6 +79,8 @@ def _options(
         "fingerprint": lambda _payload: fp,
         "keep_payload": False,
         "max_result_bytes": 8 * settings.policy.max_response_bytes + 65536,
+        # the request's label (method + route template), not the record's scope
+        "listeners": tuple(listeners),
     }
 
 
@@ -152,9 +160,10 @@ async def run_asgi(
     scope: MutableMapping[str, Any],
     receive: Callable[[], Any],
     send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    listeners: Iterable[Listener] = (),
 ) -> None:
     """Run the ASGI ``app`` in atomic mode and send the answer (see the module doc)."""
-    options = _options(store, step, settings, rule, fp)
+    options = _options(store, step, settings, rule, fp, listeners)
     response = _Response()
     last = asyncio.Event()  # the app sent its last body chunk
     answered = asyncio.Event()  # the transaction ended and the answer was sent
@@ -224,10 +233,10 @@ async def run_asgi(
 
 def run_wsgi(
     app: Any, store: Any, settings: Settings, rule: core.RouteRule, step: core.Proceed, fp: str,
-    environ: dict[str, Any],
+    environ: dict[str, Any], listeners: Iterable[Listener] = (),
 ) -> tuple[int, list[tuple[str, str]], bytes]:  # fmt: skip
     """Run the WSGI ``app`` in atomic mode; the answer to return."""
-    options = _options(store, step, settings, rule, fp)
+    options = _options(store, step, settings, rule, fp, listeners)
     response = _Response()
     body = environ["wsgi.input"].read()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -19,6 +19,7 @@ from onceonly.errors import (
     PayloadMismatch,
     StoreUnavailable,
 )
+from onceonly.events import EventHook, Listener
 from onceonly.outcome import seconds
 
 __all__ = ["HttpRequest", "Principal", "Settings", "idempotency", "problem_for", "rule_of"]
@@ -81,6 +82,8 @@ def idempotency(
     wait: float = 0.0,
     atomic: bool = False,
     rerun_unstored: bool = False,
+    body_fields: tuple[str, ...] | None = None,
+    ignore_fields: tuple[str, ...] = (),
 ) -> Callable[[F], F]:
     """Mark a view or endpoint with its :class:`~onceonly.http.RouteRule`.
 
@@ -94,13 +97,22 @@ def idempotency(
         rerun_unstored: a response that cannot be kept (a stream, over the size limit)
             gives the key back so a retry runs again, instead of completing the key
             (duplicates: 409 ``replay-unavailable``).
+        body_fields, ignore_fields: the JSON body fields that count in the fingerprint,
+            or those that do not (:class:`~onceonly.http.RouteRule`).
 
     Returns:
         A decorator returning the function itself, marked.
 
     .. versionadded:: 0.2
     """
-    rule = core.RouteRule(core.Requirement(requirement), wait, atomic, rerun_unstored)
+    rule = core.RouteRule(
+        core.Requirement(requirement),
+        wait,
+        atomic,
+        rerun_unstored=rerun_unstored,
+        body_fields=body_fields,
+        ignore_fields=ignore_fields,
+    )
 
     def mark(fn: F) -> F:
         setattr(fn, MARKER, rule)
@@ -129,6 +141,7 @@ class Settings:
         lease: dt.timedelta | float,
         max_attempts: int,
         final_write_budget: dt.timedelta | float = DEFAULT_FINAL_WRITE_BUDGET,
+        listeners: Iterable[Listener] = (),
     ) -> None:
         if not callable(principal):
             raise ConfigurationError(
@@ -142,6 +155,7 @@ class Settings:
         self.ttl = None if ttl is None else seconds(ttl, what="ttl")
         self.lease = Policy(seconds(lease, what="lease"), max_attempts)
         self.final_write_budget = seconds(final_write_budget, what="final_write_budget")
+        self.events = EventHook(listeners)
 
     def table_rule(self, method: str, path: str) -> tuple[str, core.RouteRule] | None:
         """The route template and rule the ``routes`` table gives ``method path``."""
@@ -162,7 +176,8 @@ def problem_for(exc: OnceOnlyError, header: str) -> core.Problem:
     if isinstance(exc, PayloadMismatch):
         return core.problem(
             "key-mismatch",
-            f"this {header} was already used with another request (method, route or body); "
+            f"this {header} was already used with another request (method, path, query, "
+            "body or a fingerprinted header); "
             "use a new key for a new request",
         )
     if isinstance(exc, InFlight):

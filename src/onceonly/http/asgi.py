@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, TypeVar
 
 from onceonly._core import http as core
+from onceonly.events import Listener
 from onceonly.http import _atomic
 from onceonly.http._common import (
     DEFAULT_FINAL_WRITE_BUDGET,
@@ -183,8 +184,12 @@ class IdempotencyMiddleware:
         max_attempts: crashed runs of one key before it answers 409 ``key-exhausted``.
         final_write_budget: the most time storing a response may take in all (store
             outages included) before the client gets the response anyway.
+        listeners: event listeners (:mod:`onceonly.events`): one event per keyed
+            request, its ``scope`` the method and route template (``http:POST
+            /orders/{id}``), never the principal, the path or the key.
 
     .. versionadded:: 0.2
+    .. versionchanged:: 0.3 ``listeners``.
     .. versionchanged:: 0.4 ``final_write_budget``.
     """
 
@@ -201,6 +206,7 @@ class IdempotencyMiddleware:
         lease: dt.timedelta | float = dt.timedelta(seconds=30),
         max_attempts: int = 5,
         final_write_budget: dt.timedelta | float = DEFAULT_FINAL_WRITE_BUDGET,
+        listeners: Iterable[Listener] = (),
     ) -> None:
         self.app = app
         self.store = store
@@ -213,14 +219,16 @@ class IdempotencyMiddleware:
             lease=lease,
             max_attempts=max_attempts,
             final_write_budget=final_write_budget,
+            listeners=listeners,
         )
         self.flow = AsyncHttpFlow(store, self.settings)
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def _route(self, scope: Scope, method: str, path: str) -> tuple[str, core.RouteRule]:
+    def _route(self, scope: Scope, method: str, path: str) -> tuple[str | None, core.RouteRule]:
+        """The matched route template (``None``: no route matched) and the rule."""
         found = _starlette_route(scope, self.app)
         listed = self.settings.table_rule(method, path)
-        template = str(found.path) if found is not None else (listed or (path, None))[0]
+        template = str(found.path) if found is not None else (listed or (None, None))[0]
         if listed is not None:
             return template, listed[1]
         if found is not None:
@@ -244,8 +252,9 @@ class IdempotencyMiddleware:
         headers = _headers(scope)
         principal = None
         if policy.header.lower() in headers and rule.requirement is not core.Requirement.OFF:
-            principal = self.settings.principal(HttpRequest(method, path, route, headers, scope))
-        step = core.plan(method, route, headers, principal, rule, policy)
+            request = HttpRequest(method, path, route or path, headers, scope)
+            principal = self.settings.principal(request)
+        step = core.plan(method, route or path, headers, principal, rule, policy)
         if isinstance(step, core.Pass):
             await self.app(scope, receive, send)
             return
@@ -266,7 +275,16 @@ class IdempotencyMiddleware:
                 await _send_problem(send, core.problem("request-too-large", detail))
                 return
         body = b"".join(chunks)
-        fp = core.request_fingerprint(method, route, body, headers, policy.fingerprint_headers)
+        keyed = self.flow.identify(
+            step,
+            rule,
+            method=method,
+            route=route,
+            path=path,
+            query=bytes(scope.get("query_string", b"")),
+            body=body,
+            headers=headers,
+        )
         if rule.atomic:
             await _atomic.run_asgi(
                 self.app,
@@ -274,13 +292,14 @@ class IdempotencyMiddleware:
                 self.settings,
                 rule,
                 step,
-                fp,
+                keyed.fingerprint,
                 scope,
                 _once(body, receive),
                 send,
+                keyed.inbox_listeners,
             )
             return
-        got = await self.flow.begin(step, fp, rule)
+        got = await self.flow.begin(keyed)
         if not isinstance(got, AsyncExchange):
             await _send_response(send, *got)
             return

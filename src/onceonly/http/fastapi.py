@@ -31,7 +31,12 @@ _DOC = (
 
 
 def idempotency_key(
-    required: bool = True, *, wait: float = 0.0, header: str = "Idempotency-Key"
+    required: bool = True,
+    *,
+    wait: float = 0.0,
+    header: str = "Idempotency-Key",
+    body_fields: tuple[str, ...] | None = None,
+    ignore_fields: tuple[str, ...] = (),
 ) -> Any:
     """A ``Depends`` for ``dependencies=[...]``: the header in the schema, the rule for
     the middleware (required: missing key → 400; else optional).
@@ -40,6 +45,8 @@ def idempotency_key(
         required: whether requests must carry the header.
         wait: seconds a duplicate waits for the request in progress before 409.
         header: the header name (match the middleware's ``HttpPolicy.header``).
+        body_fields, ignore_fields: the JSON body fields that count in the fingerprint,
+            or those that do not (:class:`~onceonly.http.RouteRule`).
 
     .. versionadded:: 0.2
     """
@@ -54,7 +61,8 @@ def idempotency_key(
         return kwargs["idempotency_key"]  # the request is for the signature only
 
     _declare(dependency, annotation, default)
-    rule = RouteRule(Requirement.REQUIRED if required else Requirement.OPTIONAL, wait)
+    requirement = Requirement.REQUIRED if required else Requirement.OPTIONAL
+    rule = RouteRule(requirement, wait, body_fields=body_fields, ignore_fields=ignore_fields)
     setattr(dependency, MARKER, rule)
     return Depends(dependency)
 

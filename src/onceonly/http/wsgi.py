@@ -17,6 +17,7 @@ from http import HTTPStatus
 from typing import Any
 
 from onceonly._core import http as core
+from onceonly.events import Listener
 from onceonly.http import _atomic
 from onceonly.http._common import DEFAULT_FINAL_WRITE_BUDGET, HttpRequest, Principal, Settings
 from onceonly.http._flow import Answer, Exchange, HttpFlow
@@ -86,8 +87,11 @@ class IdempotencyMiddleware:
             the ASGI :class:`onceonly.http.asgi.IdempotencyMiddleware`.
         resolver: finds the route template and marked rule of a request (the Flask
             extension passes one); otherwise ``routes`` or the path is used.
+        listeners: event listeners, as for the ASGI middleware.
 
     .. versionadded:: 0.2
+    .. versionchanged:: 0.3 ``listeners``.
+    .. versionchanged:: 0.4 ``final_write_budget``.
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class IdempotencyMiddleware:
         max_attempts: int = 5,
         resolver: Resolver | None = None,
         final_write_budget: dt.timedelta | float = DEFAULT_FINAL_WRITE_BUDGET,
+        listeners: Iterable[Listener] = (),
     ) -> None:
         self.app = app
         self.store = store
@@ -117,13 +122,15 @@ class IdempotencyMiddleware:
             lease=lease,
             max_attempts=max_attempts,
             final_write_budget=final_write_budget,
+            listeners=listeners,
         )
         self.flow = HttpFlow(store, self.settings)
 
-    def _route(self, environ: Environ, method: str, path: str) -> tuple[str, core.RouteRule]:
+    def _route(self, environ: Environ, method: str, path: str) -> tuple[str | None, core.RouteRule]:
+        """The matched route template (``None``: no route matched) and the rule."""
         found = self.resolver(environ) if self.resolver is not None else None
         listed = self.settings.table_rule(method, path)
-        template = found[0] if found is not None else (listed or (path, None))[0]
+        template = found[0] if found is not None else (listed or (None, None))[0]
         if listed is not None:
             return template, listed[1]
         if found is not None and found[1] is not None:
@@ -140,9 +147,9 @@ class IdempotencyMiddleware:
         headers = _headers(environ)
         principal = None
         if policy.header.lower() in headers and rule.requirement is not core.Requirement.OFF:
-            request = HttpRequest(method, path, route, headers, environ)
+            request = HttpRequest(method, path, route or path, headers, environ)
             principal = self.settings.principal(request)
-        step = core.plan(method, route, headers, principal, rule, policy)
+        step = core.plan(method, route or path, headers, principal, rule, policy)
         if isinstance(step, core.Pass):
             return self.app(environ, start_response)
         if isinstance(step, core.Problem):
@@ -165,13 +172,23 @@ class IdempotencyMiddleware:
             return _problem(start_response, too_large)
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
-        fp = core.request_fingerprint(method, route, body, headers, policy.fingerprint_headers)
+        keyed = self.flow.identify(
+            step,
+            rule,
+            method=method,
+            route=route,
+            path=path,
+            query=str(environ.get("QUERY_STRING", "")),
+            body=body,
+            headers=headers,
+        )
         if rule.atomic:
             code, out, content = _atomic.run_wsgi(
-                self.app, self.store, self.settings, rule, step, fp, environ
-            )
+                self.app, self.store, self.settings, rule, step, keyed.fingerprint, environ,
+                keyed.inbox_listeners,
+            )  # fmt: skip
             return _respond(start_response, f"{code} {_reason(code)}".strip(), out, content)
-        got = self.flow.begin(step, fp, rule)
+        got = self.flow.begin(keyed)
         if not isinstance(got, Exchange):
             return _answer(start_response, got)
         return self._run(environ, start_response, got)

@@ -11,14 +11,18 @@
 Settings, all optional except ``PRINCIPAL``::
 
     ONCEONLY_HTTP = {
-        "PRINCIPAL": "myapp.auth.principal",  # callable(request) -> str | None, or its path
+        "PRINCIPAL": "myapp.auth.principal",  # callable(request) -> str | int | None, or path
         "STORE_URL": None,       # default: the default database (PostgreSQL or SQLite)
         "TABLE": "onceonly_records",
         "ROUTES": {},            # {"/orders/<int:id>": "required", ...} (Django route syntax)
         "DEFAULT": "optional",
         "POLICY": None,          # an onceonly.http.HttpPolicy
         "TTL": 86400, "LEASE": 30, "MAX_ATTEMPTS": 5,
+        "LISTENERS": [],         # event listeners (onceonly.events), labelled by route
     }
+
+``"onceonly.contrib.django.principals.user_principal"`` is a ``PRINCIPAL`` that returns
+``None`` for anonymous visitors (``rest_framework_principal`` for DRF's authentication).
 
 Needs the ``django`` extra.
 """

@@ -33,7 +33,7 @@ from onceonly.errors import (
 )
 from onceonly.http import _atomic
 from onceonly.http._common import DEFAULT_FINAL_WRITE_BUDGET, Settings, log, problem_for, rule_of
-from onceonly.http._flow import Exchange, HttpFlow
+from onceonly.http._flow import Exchange, HttpFlow, Keyed
 from onceonly.inbox import Inbox, Tx
 
 __all__ = ["IdempotencyMiddleware"]
@@ -96,16 +96,18 @@ class IdempotencyMiddleware:
             lease=opts.get("LEASE", dt.timedelta(seconds=30)),
             max_attempts=opts.get("MAX_ATTEMPTS", 5),
             final_write_budget=opts.get("FINAL_WRITE_BUDGET", DEFAULT_FINAL_WRITE_BUDGET),
+            listeners=opts.get("LISTENERS", ()),
         )
         config = apps.get_app_config("onceonly")
         assert isinstance(config, OnceOnlyConfig)
         self.config = config
 
-    def _route(self, request: HttpRequest) -> tuple[str, core.RouteRule]:
+    def _route(self, request: HttpRequest) -> tuple[str | None, core.RouteRule]:
+        """The matched route template (``None``: no URL pattern matched) and the rule."""
         try:
             match = resolve(request.path_info)
         except Resolver404:
-            return request.path_info, self.settings.default
+            return None, self.settings.default
         template = str(match.route or request.path_info)
         rule = self.settings.routes.get(template) or rule_of(match.func) or self.settings.default
         return "/" + template.lstrip("/"), rule
@@ -120,7 +122,7 @@ class IdempotencyMiddleware:
         principal = None
         if policy.header.lower() in headers and rule.requirement is not core.Requirement.OFF:
             principal = self.principal(request)
-        step = core.plan(method, route, headers, principal, rule, policy)
+        step = core.plan(method, route or request.path_info, headers, principal, rule, policy)
         if isinstance(step, core.Pass):
             return self.get_response(request)
         if isinstance(step, core.Problem):
@@ -129,11 +131,20 @@ class IdempotencyMiddleware:
         if length > policy.max_request_bytes:
             detail = f"requests carrying a key are limited to {policy.max_request_bytes} bytes"
             return _problem(core.problem("request-too-large", detail))
-        body = request.body
-        fp = core.request_fingerprint(method, route, body, headers, policy.fingerprint_headers)
+        flow = HttpFlow(self.config.store(), self.settings)
+        keyed = flow.identify(
+            step,
+            rule,
+            method=method,
+            route=route,
+            path=request.path_info,
+            query=str(request.META.get("QUERY_STRING", "")),
+            body=request.body,
+            headers=headers,
+        )
         if rule.atomic:
-            return self._atomic(request, rule, step, fp)
-        got = HttpFlow(self.config.store(), self.settings).begin(step, fp, rule)
+            return self._atomic(request, keyed)
+        got = flow.begin(keyed)
         if not isinstance(got, Exchange):
             return _response(*got)
         return self._run(request, got)
@@ -160,11 +171,13 @@ class IdempotencyMiddleware:
             return _response(*answer)
         return response
 
-    def _atomic(
-        self, request: HttpRequest, rule: core.RouteRule, step: core.Proceed, fp: str
-    ) -> HttpResponseBase:
+    def _atomic(self, request: HttpRequest, keyed: Keyed) -> HttpResponseBase:
         store = self.config.store()
-        inbox = Inbox(store, **_atomic._options(store, step, self.settings, rule, fp))
+        step = keyed.step
+        options = _atomic._options(
+            store, step, self.settings, keyed.rule, keyed.fingerprint, keyed.inbox_listeners
+        )
+        inbox = Inbox(store, **options)
         policy = self.settings.policy
         seen: list[HttpResponseBase] = []
 

@@ -18,7 +18,12 @@ TX_ATTRIBUTE = "onceonly_tx"
 
 
 def idempotent_view(
-    requirement: str = "required", *, wait: float = 0.0, atomic: bool = False
+    requirement: str = "required",
+    *,
+    wait: float = 0.0,
+    atomic: bool = False,
+    body_fields: tuple[str, ...] | None = None,
+    ignore_fields: tuple[str, ...] = (),
 ) -> Callable[[F], F]:
     """Mark a view with its rule; the middleware reads it.
 
@@ -27,6 +32,8 @@ def idempotent_view(
         wait: seconds a duplicate waits for the request in progress before 409.
         atomic: the view's ORM writes, the claim and the stored response commit in one
             ``transaction.atomic()`` on the default database (PostgreSQL or SQLite).
+        body_fields, ignore_fields: the JSON body fields that count in the fingerprint,
+            or those that do not (:class:`~onceonly.http.RouteRule`).
 
     Returns:
         A decorator returning the view itself, marked (put it below ``@csrf_exempt``
@@ -34,7 +41,13 @@ def idempotent_view(
 
     .. versionadded:: 0.2
     """
-    return idempotency(requirement, wait=wait, atomic=atomic)
+    return idempotency(
+        requirement,
+        wait=wait,
+        atomic=atomic,
+        body_fields=body_fields,
+        ignore_fields=ignore_fields,
+    )
 
 
 def current_tx(request: Any) -> Tx:
