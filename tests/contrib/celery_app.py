@@ -98,7 +98,9 @@ def build(cfg: dict[str, Any]) -> Celery:
         return {"runs": n, "retries": self.request.retries, "attempt": tx.attempt}
 
     @app.task(name="t.leased", shared=False, max_retries=10)
-    @idempotent_task(store, lease=1.0, wait=0.2)
+    # a lease long enough that the killed worker's claim is still live when the task is
+    # redelivered, even on a loaded machine (the InFlight → Celery retry path)
+    @idempotent_task(store, lease=3.0, wait=0.2)
     def leased(tag: str, seconds: float) -> dict[str, Any]:
         n = int(r.incr(f"{prefix}runs:{tag}"))
         marker = Path(cfg["markers"]) / tag
