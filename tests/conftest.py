@@ -143,6 +143,7 @@ def drop_mysql_table(*tables: str) -> None:
             cur.execute(f"DROP TABLE IF EXISTS `{table}`")
             cur.execute(f"DROP TABLE IF EXISTS `{table}_counts`")
             cur.execute(f"DROP TABLE IF EXISTS `{table}_keys`")
+            cur.execute(f"DROP TABLE IF EXISTS `{table}_lateness`")
         cur.execute(
             "DELETE FROM onceonly_schema WHERE component IN %s"
             if cur.execute("SHOW TABLES LIKE 'onceonly_schema'")
@@ -365,6 +366,7 @@ async def _async_store(kind: str, tmp_path: Path) -> AsyncIterator[Any]:
     if kind in PG_KINDS:
         drop_pg_table(table)
         drop_pg_table(f"{table}_outbox")
+        drop_pg_table(f"{table}_lateness")
     if kind == "redis":
         drop_redis_prefix(f"{table}:")
     if kind == "mysql":

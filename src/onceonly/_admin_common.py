@@ -4,6 +4,7 @@ store's admin side, the reports, and the :class:`DuplicateCounter` listener."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceonly._core.admin import BUCKET_SECONDS, ScopeStats
+from onceonly._core.lateness import DUPLICATE_BINS, RAN, UNKNOWN, lateness_bin, max_ttl
 from onceonly.errors import ConfigurationError
 from onceonly.events import Event, EventKind
 from onceonly.types import AdminStore, AsyncAdminStore, Store
@@ -18,6 +20,8 @@ from onceonly.types import AdminStore, AsyncAdminStore, Store
 __all__ = [
     "DuplicateCounter",
     "DuplicatePoint",
+    "DuplicateRecorder",
+    "LatenessReport",
     "PurgeReport",
     "ReapReport",
     "StatsReport",
@@ -208,3 +212,202 @@ class DuplicateCounter:
             self.records.add_counts(rows)
         except Exception:
             log.exception("could not store delivery counters; %d rows dropped", len(rows))
+
+
+# Rows kept in memory while the store cannot be written: beyond this, counts are dropped
+# (and the number logged) rather than grow without bound during a long outage.
+_MAX_PENDING = 100_000
+
+
+class DuplicateRecorder:
+    """A listener recording when duplicates arrive: per scope, minute and lateness bin,
+    the deliveries that ran and the duplicates replayed (how late after the record
+    completed, against its ttl), for the dashboard's lateness histogram and duplicate
+    rate (docs/operating.md, "Dashboard"; spec §8.4).
+
+    Each event only adds to a counter in memory: the delivery path never writes. A
+    background thread writes the counts once per ``flush_seconds`` (one upsert per
+    scope, minute and bin, added to what other processes wrote) and :meth:`close` writes
+    the rest. A failed write is logged and its counts kept for the next one (up to
+    100,000 rows); it never reaches a handler. A process that dies loses at most the
+    last ``flush_seconds`` of counts.
+
+    The lateness comes with the replay (the store's now at the decision minus the
+    record's ``completed_at``), so recording costs no extra round trip. A duplicate
+    arriving after the ttl is not a replay (the record behaves as absent and the handler
+    runs again): it is counted as a run. Supported on the SQL stores and memory (a
+    ``<table>_lateness`` table beside the records, created on the first write); not on
+    Redis.
+
+    Args:
+        store: a sync store (for an async application, open the same URL with
+            :func:`onceonly.open_store`).
+        flush_seconds: how often counts are written.
+        background: start the thread that flushes (``False``: call :meth:`flush`).
+
+    Raises:
+        ConfigurationError: ``flush_seconds`` is not positive, or the store offers no
+            operator access (Redis).
+
+    .. versionadded:: 0.4
+    """
+
+    def __init__(
+        self, store: Store, *, flush_seconds: float = 60.0, background: bool = True
+    ) -> None:
+        if not flush_seconds > 0:
+            raise ConfigurationError("flush_seconds must be positive")
+        self.records = admin_store(store)
+        self.flush_seconds = flush_seconds
+        self._pending: dict[tuple[str, int, int], list[Any]] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(
+                target=self._loop, name="onceonly-duplicate-recorder", daemon=True
+            )
+            self._thread.start()
+            atexit.register(self.close)
+
+    def __call__(self, event: Event) -> None:
+        kind = event.kind
+        if kind is EventKind.REPLAYED:
+            b, ttl = lateness_bin(event.lateness, event.ttl), event.ttl
+        elif kind is EventKind.COMPLETED or kind is EventKind.FAILED:
+            b, ttl = RAN, None
+        else:
+            return
+        self._add(event.scope, int(time.time()) // BUCKET_SECONDS * BUCKET_SECONDS, b, 1, ttl)
+
+    def _add(self, scope: str, bucket: int, b: int, n: int, ttl: float | None) -> bool:
+        with self._lock:
+            row = self._pending.get((scope, bucket, b))
+            if row is None:
+                if len(self._pending) >= _MAX_PENDING:
+                    return False
+                self._pending[(scope, bucket, b)] = [n, ttl]
+            else:
+                row[0] += n
+                row[1] = max_ttl(row[1], ttl)
+        return True
+
+    def _loop(self) -> None:
+        while not self._closed.wait(self.flush_seconds):
+            self.flush()
+
+    def flush(self) -> int:
+        """Write the counts held in memory now (errors are logged, not raised).
+
+        Returns:
+            The rows written (0 when there was nothing or the write failed).
+        """
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        if not pending:
+            return 0
+        rows = sorted((s, t, b, n, ttl) for (s, t, b), (n, ttl) in pending.items())
+        try:
+            self.records.add_lateness(rows)
+        except Exception:
+            dropped = sum(n for s, t, b, n, ttl in rows if not self._add(s, t, b, n, ttl))
+            log.exception(
+                "could not store duplicate lateness; %d rows kept for the next flush,"
+                " %d counts dropped", len(rows), dropped,
+            )  # fmt: skip
+            return 0
+        return len(rows)
+
+    def close(self) -> None:
+        """Stop the background thread and write what is left."""
+        self._closed.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            atexit.unregister(self.close)
+            if thread is not threading.current_thread():
+                thread.join()
+        self.flush()
+
+    def __enter__(self) -> DuplicateRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class LatenessReport:
+    """What a :class:`DuplicateRecorder` recorded over a window (see
+    :meth:`onceonly.Admin.duplicate_lateness`).
+
+    Attributes:
+        bins: duplicates per lateness bin, every scope (or the one asked) together;
+            bin numbers and labels in :mod:`onceonly._core.lateness`.
+        by_scope: the same per scope.
+        ttl: the largest ttl (seconds) of the records replayed, per scope (``None``:
+            kept for ever).
+        points: deliveries and duplicates per scope and interval, oldest first (the
+            duplicate rate over time; ``claims`` counts runs and duplicates).
+        window: seconds covered.
+
+    .. versionadded:: 0.4
+    """
+
+    bins: dict[int, int]
+    by_scope: dict[str, dict[int, int]]
+    ttl: dict[str, float | None]
+    points: list[DuplicatePoint]
+    window: float
+
+    @property
+    def recorded(self) -> bool:
+        """Whether anything was recorded in the window."""
+        return any(p.counts for p in self.points)
+
+    @property
+    def duplicates(self) -> int:
+        """Duplicates in the window."""
+        return sum(self.bins.values())
+
+    @classmethod
+    def from_rows(
+        cls,
+        rows: list[tuple[str, int, int, int, float | None]],
+        starts: list[int],
+        step: int,
+        window: float,
+    ) -> LatenessReport:
+        """Build the report from a store's ``read_lateness`` rows.
+
+        Args:
+            rows: ``(scope, start, bin, n, ttl)`` rows.
+            starts: the intervals' starts (multiples of ``step``), oldest first.
+            step: the intervals' length in seconds.
+            window: seconds covered.
+
+        Returns:
+            The report (rows outside the intervals are left out).
+        """
+        index = {start: i for i, start in enumerate(starts)}
+        counts: list[dict[str, list[int]]] = [{} for _ in starts]
+        bins = dict.fromkeys((*DUPLICATE_BINS, UNKNOWN), 0)
+        by_scope: dict[str, dict[int, int]] = {}
+        ttl: dict[str, float | None] = {}
+        for scope, start, b, n, row_ttl in rows:
+            i = index.get(start)
+            if i is None:
+                continue
+            pair = counts[i].setdefault(scope, [0, 0])
+            pair[0] += n
+            if b == RAN:
+                continue
+            pair[1] += n
+            bins[b] = bins.get(b, 0) + n
+            mine = by_scope.setdefault(scope, dict.fromkeys((*DUPLICATE_BINS, UNKNOWN), 0))
+            mine[b] = mine.get(b, 0) + n
+            ttl[scope] = max_ttl(ttl.get(scope), row_ttl)
+        points = [
+            DuplicatePoint(float(start), float(step), {s: (c, r) for s, (c, r) in got.items()})
+            for start, got in zip(starts, counts, strict=True)
+        ]
+        return cls(bins, by_scope, ttl, points, window)

@@ -23,6 +23,8 @@ from onceonly import _acompat
 from onceonly._admin_common import (
     DuplicateCounter,
     DuplicatePoint,
+    DuplicateRecorder,
+    LatenessReport,
     PurgeReport,
     ReapReport,
     StatsReport,
@@ -45,6 +47,8 @@ __all__ = [
     "Admin",
     "DuplicateCounter",
     "DuplicatePoint",
+    "DuplicateRecorder",
+    "LatenessReport",
     "PurgeReport",
     "ReapReport",
     "StatsReport",
@@ -377,6 +381,38 @@ class Admin:
             }
             out.append(DuplicatePoint(float(start), float(step), counts))
         return out
+
+    def duplicate_lateness(
+        self, *, window: float = 3600.0, points: int = 12, scope: str | None = None
+    ) -> LatenessReport:
+        """How late duplicates arrived (against the ttl) and the duplicate rate per scope
+        over the last ``window`` seconds, from what a :class:`DuplicateRecorder` wrote.
+
+        Intervals are ``points`` consecutive spans of whole minutes, each starting at a
+        multiple of its length; the last one holds now.
+
+        Args:
+            window: seconds of history.
+            points: how many intervals.
+            scope: only this scope.
+
+        Returns:
+            A :class:`LatenessReport` (``recorded`` false when nothing was recorded).
+
+        Raises:
+            ConfigurationError: ``window`` or ``points`` is not positive.
+
+        .. versionadded:: 0.4
+        """
+        if not window > 0 or points < 1:
+            raise ConfigurationError("window and points must be positive")
+        step = max(BUCKET_SECONDS, -(-int(window) // points // BUCKET_SECONDS) * BUCKET_SECONDS)
+        end = (int(time.time()) // step + 1) * step
+        starts = [end - step * (points - i) for i in range(points)]
+        rows = self.records.read_lateness(starts[0], step)
+        if scope is not None:
+            rows = [r for r in rows if r[0] == scope]
+        return LatenessReport.from_rows(rows, starts, step, window)
 
     def clock(self) -> float:
         """The store's clock, epoch seconds (what leases and expiries are measured on).

@@ -69,6 +69,11 @@ class Event:
         error: the exception's type name for failures.
         headers: the broker message's headers, when the delivery came from a broker
             consumer (tracing extracts the producer's context from them).
+        lateness: for a replay, seconds from the record's completion to this duplicate
+            (store clock), ``None`` otherwise.
+        ttl: for a replay, the record's ttl in seconds (``None``: kept for ever).
+
+    .. versionchanged:: 0.4 ``lateness`` and ``ttl``.
     """
 
     kind: EventKind
@@ -81,6 +86,8 @@ class Event:
     started_ns: int = 0
     error: str | None = None
     headers: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    lateness: float | None = None
+    ttl: float | None = None
 
     @property
     def retry(self) -> bool:
@@ -150,21 +157,32 @@ class Observation:
     def handler_ended(self) -> None:
         self.handler_end = time.monotonic()
 
-    def _event(self, kind: EventKind, error: str | None = None) -> Event:
+    def _event(
+        self,
+        kind: EventKind,
+        error: str | None = None,
+        lateness: float | None = None,
+        ttl: float | None = None,
+    ) -> Event:
         end = time.monotonic()
         start = self.handler_start
         claim = (start if start is not None else end) - self.t0
         handler = None if start is None else (self.handler_end or end) - start
         return Event(
             kind, self.scope, self.key, self.attempt, claim, handler, end - self.t0,
-            self.started_ns, error, self.headers,
+            self.started_ns, error, self.headers, lateness, ttl,
         )  # fmt: skip
 
-    def returned(self, replayed: bool, attempt: int) -> None:
-        """The call returned: a replay, or a completed run of ``attempt``."""
+    def returned(
+        self, replayed: bool, attempt: int, lateness: float | None = None, ttl: float | None = None
+    ) -> None:
+        """The call returned: a replay (``lateness`` and ``ttl``: see :class:`Event`), or
+        a completed run of ``attempt``."""
         if not replayed:
             self.attempt = attempt
-        self.hook.emit(self._event(EventKind.REPLAYED if replayed else EventKind.COMPLETED))
+            self.hook.emit(self._event(EventKind.COMPLETED))
+            return
+        self.hook.emit(self._event(EventKind.REPLAYED, None, lateness, ttl))
 
     def raised(self, exc: BaseException) -> None:
         """The call raised ``exc``: classify it (a handler's own error is a failure)."""

@@ -25,6 +25,7 @@ from onceonly._core import codec
 from onceonly._core.attempts import precounted_run
 from onceonly._core.fingerprint import Fingerprinter, fingerprint
 from onceonly._core.keys import validate_key
+from onceonly._core.lateness import replay_lateness
 from onceonly._core.state import (
     Action,
     Expect,
@@ -185,9 +186,10 @@ class Inbox:
             completed=True,
         )
 
-    def _replay(self, record: Record) -> Outcome[Any]:
+    def _replay(self, record: Record, now: float) -> Outcome[Any]:
         result = replayed_result(record, self.cache_errors, self.result_type)
-        return Outcome(result, True, record.key, record.attempts + 1)
+        lateness, ttl = replay_lateness(record, now)
+        return Outcome(result, True, record.key, record.attempts + 1, None, lateness, ttl)
 
     def process(
         self,
@@ -276,7 +278,7 @@ class Inbox:
                         record = decision.record
                         assert record is not None
                         if decision.action is Action.REPLAY:
-                            return self._replay(record)
+                            return self._replay(record, snap.now)
                         if decision.action is Action.MISMATCH:
                             raise PayloadMismatch(
                                 "this key was already used with another payload",

@@ -49,5 +49,5 @@ def observed(
     except BaseException as exc:
         seen.raised(exc)
         raise
-    seen.returned(outcome.replayed, outcome.attempt)
+    seen.returned(outcome.replayed, outcome.attempt, outcome.lateness, outcome.ttl)
     return outcome

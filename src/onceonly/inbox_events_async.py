@@ -48,5 +48,5 @@ async def observed(
     except BaseException as exc:
         seen.raised(exc)
         raise
-    seen.returned(outcome.replayed, outcome.attempt)
+    seen.returned(outcome.replayed, outcome.attempt, outcome.lateness, outcome.ttl)
     return outcome

@@ -151,8 +151,8 @@ def process_leased(
 
     # _run, not run: the inbox emits the events of the call (with the delivery's
     # headers); the runner emits only its lease renewals
-    result, replayed, attempt = runner._run(key, fp, run, payload)
-    return Outcome(result, replayed, key, attempt)
+    outcome: Outcome[T] = runner._run(key, fp, run, payload)
+    return outcome
 
 
 def renew_lease(inbox: Inbox, claim: Claim) -> bool:

@@ -150,8 +150,8 @@ async def process_leased(
 
     # _run, not run: the inbox emits the events of the call (with the delivery's
     # headers); the runner emits only its lease renewals
-    result, replayed, attempt = await runner._run(key, fp, run, payload)
-    return Outcome(result, replayed, key, attempt)
+    outcome: Outcome[T] = await runner._run(key, fp, run, payload)
+    return outcome
 
 
 async def renew_lease(inbox: AsyncInbox, claim: AsyncClaim) -> bool:

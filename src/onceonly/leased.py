@@ -67,7 +67,14 @@ from onceonly.errors import (
     TooLarge,
 )
 from onceonly.events import Event, EventHook, EventKind, Listener, Observation
-from onceonly.outcome import Replay, failure_write, new_token, random_fraction, replayed_result
+from onceonly.outcome import (
+    Outcome,
+    Replay,
+    failure_write,
+    new_token,
+    random_fraction,
+    replayed_result,
+)
 from onceonly.types import Store
 
 __all__ = ["Claim", "LeasedRunner", "Replay", "current_claim"]
@@ -556,7 +563,7 @@ class LeasedRunner:
             record = decision.record
             assert record is not None
             if decision.action is Action.REPLAY:
-                return Replay(record)
+                return Replay(record, snap.now)
             if decision.action is Action.MISMATCH:
                 raise PayloadMismatch(
                     "this key was already used with other arguments", key=key, scope=scope
@@ -601,7 +608,8 @@ class LeasedRunner:
     ) -> tuple[Any, bool, int]:
         """Run ``fn`` once for ``key``: returns (result, replayed, attempt)."""
         if not self.events:
-            return self._run(key, fp, fn, payload)
+            done = self._run(key, fp, fn, payload)
+            return done.result, done.replayed, done.attempt
         seen = Observation(self.events, self.scope, key)
 
         def timed() -> Any:
@@ -613,19 +621,19 @@ class LeasedRunner:
                 seen.handler_ended()
 
         try:
-            result, replayed, attempt = self._run(key, fp, timed, payload)
+            done = self._run(key, fp, timed, payload)
         except BaseException as exc:
             seen.raised(exc)
             raise
-        seen.returned(replayed, attempt)
-        return result, replayed, attempt
+        seen.returned(done.replayed, done.attempt, done.lateness, done.ttl)
+        return done.result, done.replayed, done.attempt
 
-    def _run(
-        self, key: str, fp: str | None, fn: Callable[[], Any], payload: Any
-    ) -> tuple[Any, bool, int]:
+    def _run(self, key: str, fp: str | None, fn: Callable[[], Any], payload: Any) -> Outcome[Any]:
         got = self.acquire(key, fp)
         if isinstance(got, Replay):
-            return self.replay(got.record), True, got.record.attempts + 1
+            lateness, ttl = got.lateness()
+            result = self.replay(got.record)
+            return Outcome(result, True, key, got.record.attempts + 1, None, lateness, ttl)
         claim = got
         reset = _current.set(claim)
         try:
@@ -636,7 +644,7 @@ class LeasedRunner:
             raise
         _current.reset(reset)
         claim.finish(result)
-        return result, False, claim.attempt
+        return Outcome(result, False, key, claim.attempt)
 
     def _final_write(self, claim: Claim, write: Write) -> Record | None:
         """Store the end of ``claim``'s run (fenced on its token), retrying store outages.

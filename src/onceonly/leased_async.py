@@ -66,7 +66,14 @@ from onceonly.errors import (
     TooLarge,
 )
 from onceonly.events import Event, EventHook, EventKind, Listener, Observation
-from onceonly.outcome import Replay, failure_write, new_token, random_fraction, replayed_result
+from onceonly.outcome import (
+    Outcome,
+    Replay,
+    failure_write,
+    new_token,
+    random_fraction,
+    replayed_result,
+)
 from onceonly.types import AsyncStore
 
 __all__ = ["AsyncClaim", "AsyncLeasedRunner", "Replay", "current_async_claim"]
@@ -559,7 +566,7 @@ class AsyncLeasedRunner:
             record = decision.record
             assert record is not None
             if decision.action is Action.REPLAY:
-                return Replay(record)
+                return Replay(record, snap.now)
             if decision.action is Action.MISMATCH:
                 raise PayloadMismatch(
                     "this key was already used with other arguments", key=key, scope=scope
@@ -604,7 +611,8 @@ class AsyncLeasedRunner:
     ) -> tuple[Any, bool, int]:
         """Run ``fn`` once for ``key``: returns (result, replayed, attempt)."""
         if not self.events:
-            return await self._run(key, fp, fn, payload)
+            done = await self._run(key, fp, fn, payload)
+            return done.result, done.replayed, done.attempt
         seen = Observation(self.events, self.scope, key)
 
         async def timed() -> Any:
@@ -616,19 +624,21 @@ class AsyncLeasedRunner:
                 seen.handler_ended()
 
         try:
-            result, replayed, attempt = await self._run(key, fp, timed, payload)
+            done = await self._run(key, fp, timed, payload)
         except BaseException as exc:
             seen.raised(exc)
             raise
-        seen.returned(replayed, attempt)
-        return result, replayed, attempt
+        seen.returned(done.replayed, done.attempt, done.lateness, done.ttl)
+        return done.result, done.replayed, done.attempt
 
     async def _run(
         self, key: str, fp: str | None, fn: Callable[[], Awaitable[Any]], payload: Any
-    ) -> tuple[Any, bool, int]:
+    ) -> Outcome[Any]:
         got = await self.acquire(key, fp)
         if isinstance(got, Replay):
-            return self.replay(got.record), True, got.record.attempts + 1
+            lateness, ttl = got.lateness()
+            result = self.replay(got.record)
+            return Outcome(result, True, key, got.record.attempts + 1, None, lateness, ttl)
         claim = got
         reset = _current.set(claim)
         try:
@@ -639,7 +649,7 @@ class AsyncLeasedRunner:
             raise
         _current.reset(reset)
         await claim.finish(result)
-        return result, False, claim.attempt
+        return Outcome(result, False, key, claim.attempt)
 
     async def _final_write(self, claim: AsyncClaim, write: Write) -> Record | None:
         """Store the end of ``claim``'s run (fenced on its token), retrying store outages.

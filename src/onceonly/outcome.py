@@ -9,10 +9,11 @@ import datetime as dt
 import os
 import secrets
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from onceonly._core import codec, error_text
+from onceonly._core.lateness import replay_lateness
 from onceonly._core.state import Record, Write, cached_error_write, fail_write, one_step_init
 from onceonly.errors import (
     ConfigurationError,
@@ -33,11 +34,18 @@ class Replay:
 
     Attributes:
         record: the completed record (``result`` holds the stored outcome).
+        now: the store's clock when the replay was decided (``None``: not known).
 
     .. versionadded:: 0.4
     """
 
     record: Record
+    now: float | None = field(default=None, compare=False)
+
+    def lateness(self) -> tuple[float | None, float | None]:
+        """``(lateness, ttl)`` of this duplicate in seconds (see
+        :func:`onceonly._core.lateness.replay_lateness`); ``(None, None)`` without ``now``."""
+        return (None, None) if self.now is None else replay_lateness(self.record, self.now)
 
 
 @one_step_init
@@ -56,9 +64,13 @@ class Outcome(Generic[T]):
             :class:`~onceonly.DeadLettered`, :class:`~onceonly.InFlight`,
             :class:`~onceonly.InvalidKey`…); ``None`` when it ran or replayed.
             ``process`` raises instead.
+        lateness: when ``replayed``, the seconds from the record's completion to this
+            duplicate on the store's clock (``None`` otherwise, or not known).
+        ttl: when ``replayed``, the record's ttl in seconds (``None``: kept for ever).
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.3 ``error``.
+    .. versionchanged:: 0.4 ``lateness`` and ``ttl``.
     """
 
     result: T
@@ -66,6 +78,8 @@ class Outcome(Generic[T]):
     key: str
     attempt: int
     error: BaseException | None = None
+    lateness: float | None = field(default=None, compare=False)
+    ttl: float | None = field(default=None, compare=False)
 
     @property
     def ok(self) -> bool:

@@ -213,6 +213,18 @@ class AdminStore(Protocol):
         """Claims and replays per scope, summed over buckets starting at or after
         ``since`` (epoch seconds)."""
 
+    def add_lateness(self, rows: Sequence[tuple[str, int, int, int, float | None]]) -> None:
+        """Add ``(scope, bucket, bin, n, ttl)`` rows to the duplicate-lateness table (one
+        upsert per row, adding ``n`` and keeping the largest ``ttl``; see
+        :mod:`onceonly._core.lateness` for the bins). Creates the table on first use."""
+
+    def read_lateness(
+        self, since: float, step: int
+    ) -> list[tuple[str, int, int, int, float | None]]:
+        """``(scope, start, bin, n, ttl)``: the counts of buckets starting at or after
+        ``since``, summed per scope, bin and interval of ``step`` seconds (``start``: a
+        multiple of ``step``), with the largest ttl; empty when nothing was recorded."""
+
 
 class AsyncAdminStore(Protocol):
     """The methods of :class:`AdminStore`, awaited (for async stores).
@@ -235,3 +247,11 @@ class AsyncAdminStore(Protocol):
     async def add_counts(self, counts: Sequence[tuple[str, int, int, int]]) -> None: ...
 
     async def read_counts(self, since: float) -> dict[str, tuple[int, int]]: ...
+
+    async def add_lateness(
+        self, rows: Sequence[tuple[str, int, int, int, float | None]]
+    ) -> None: ...
+
+    async def read_lateness(
+        self, since: float, step: int
+    ) -> list[tuple[str, int, int, int, float | None]]: ...

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import onceonly
+from onceonly._core.lateness import HALF_TTL, NEAR_TTL, RAN
 from onceonly._core.state import State
 from tests.admin._records import put
 from tests.conftest import PG_URL, drop_pg_table, require_postgres, unavailable, unique_table
@@ -144,6 +145,15 @@ class Site:
             [("billing", now - 300 * i, 40 + 7 * i, (3 * i) % 9 + 1) for i in range(12)]
             + [("shipping", now - 300 * i, 20, i % 3) for i in range(12)]
         )
+        # what a DuplicateRecorder writes: runs (bin 0) and duplicates per lateness bin
+        spread = {1: 9, 2: 5, 3: 3, 4: 2, 5: 1, HALF_TTL: 1, NEAR_TTL: 1}
+        onceonly.Admin(s).records.add_lateness(
+            [("billing", now - 300 * i, RAN, 40 + 7 * i, None) for i in range(12)]
+            + [("shipping", now - 300 * i, RAN, 20, None) for i in range(12)]
+            + [("billing", now - 300 * i, b, n * (1 + i % 3), 3600.0)
+               for i in range(12) for b, n in spread.items()]
+            + [("shipping", now - 300 * i, 2, i % 3, 3600.0) for i in range(12) if i % 3]
+        )  # fmt: skip
 
     def get(self, path: str) -> None:
         self.driver.get(self.server.base + path.lstrip("/"))
@@ -184,6 +194,7 @@ class Site:
             drop_pg_table(self.table)
             drop_pg_table(f"{self.table}_outbox")
             drop_pg_table(f"{self.table}_counts")
+            drop_pg_table(f"{self.table}_lateness")
 
 
 @pytest.fixture
@@ -216,6 +227,13 @@ def test_overview_shows_the_seeded_counts(site: Site) -> None:
     assert cells == [["billing", "1", "3", "1", "2"], ["shipping", "0", "2", "0", "0"]]
     bars = site.driver.find_elements(By.CSS_SELECTOR, "#duplicate-rate svg rect.bar")
     assert len(bars) >= 2
+    assert "DuplicateRecorder" in site.text("#rate-source")
+    late = site.driver.find_elements(By.CSS_SELECTOR, "#lateness rect[id^=lateness-bin-]")
+    assert [e.get_attribute("data-count") for e in late] == [
+        "216", "132", "72", "48", "24", "0", "0", "0", "0", "24", "24",
+    ]  # fmt: skip
+    assert late[0].size["height"] > late[1].size["height"] > late[4].size["height"] > 0
+    assert "ttl = 1h 0m" in site.text("#lateness")  # the ttl marker's label
     path = site.shot("overview" if site.kind == "sqlite" else "overview-postgres")
     assert path.stat().st_size > 10_000
 

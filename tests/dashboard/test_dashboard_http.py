@@ -14,6 +14,7 @@ import pytest
 from fastapi import FastAPI
 
 import onceonly
+from onceonly._core.lateness import HALF_TTL, NEAR_TTL, RAN
 from onceonly._core.state import State
 from onceonly.dashboard import app
 from tests.dashboard.conftest import TOKEN, put, seed
@@ -67,6 +68,50 @@ async def test_duplicate_rate_is_drawn_from_the_counters_only(dash_store: Any) -
     assert last == {"billing": {"claims": 8, "replays": 2, "rate": 0.25}}
     assert 'id="duplicate-rate"' in page and "25.0%" in page
     assert body["lateness"] is None and 'id="lateness-empty"' in page
+    assert body["duplicates"]["source"] == "DuplicateCounter" and "Fallback" in page
+
+
+async def test_lateness_histogram_and_rate_from_the_recorder(dash_store: Any) -> None:
+    """Recorded buckets: the overview draws one bar per lateness bin with its count, the
+    ttl marked, and the duplicate rate from the same buckets (not the fallback)."""
+    await seed(dash_store)
+    admin = onceonly.AsyncAdmin(dash_store)
+    bucket = int(time.time()) // 60 * 60
+    await admin.records.add_counts([("billing", bucket, 100, 99)])  # the fallback: unused
+    await admin.records.add_lateness(
+        [
+            ("billing", bucket, RAN, 6, None),
+            ("billing", bucket, 1, 3, 3600.0),  # < 1 s
+            ("billing", bucket, 4, 2, 3600.0),  # < 10 min
+            ("billing", bucket, NEAR_TTL, 1, 3600.0),
+            ("shipping", bucket, HALF_TTL, 2, 7200.0),
+        ]
+    )
+    async with client(app(dash_store)) as c:
+        body = (await c.get("/api/summary")).json()
+        page = (await c.get("/")).text
+    counts = dict(re.findall(r'id="lateness-bin-(\d+)" data-count="(\d+)"', page))
+    assert counts == {
+        "1": "3", "2": "0", "3": "0", "4": "2", "5": "0", "6": "0", "7": "0", "8": "0",
+        "9": "0", "10": "2", "11": "1",
+    }  # fmt: skip
+    heights = dict(re.findall(r'id="lateness-bin-(\d+)" data-count="\d+" x="[\d.]+" y="[\d.]+"'
+                              r' width="44" height="([\d.]+)"', page))  # fmt: skip
+    assert float(heights["1"]) == 120.0 and float(heights["4"]) == 80.0
+    assert float(heights["11"]) == 40.0 and float(heights["2"]) == 0.0
+    assert 'id="lateness-ttl"' in page and "ttl = 1h 0m, 2h 0m" in page
+    assert 'id="lateness-empty"' not in page and "DuplicateRecorder" in page
+    assert "Fallback" not in page
+    late = body["lateness"]
+    assert late["source"] == "DuplicateRecorder" and late["duplicates"] == 8
+    assert [b["count"] for b in late["bins"]] == [3, 0, 0, 2, 0, 0, 0, 0, 0, 2, 1]
+    assert late["bins"][0] == {"bin": 1, "label": "< 1 s", "below_seconds": 1, "count": 3}
+    assert late["ttl_seconds"] == {"billing": 3600.0, "shipping": 7200.0}
+    assert body["duplicates"]["source"] == "DuplicateRecorder"
+    last = body["duplicates"]["intervals"][-1]["scopes"]
+    assert last["billing"] == {"claims": 12, "replays": 6, "rate": 0.5}
+    assert last["shipping"] == {"claims": 2, "replays": 2, "rate": 1.0}
+    assert "50.0%" in page  # billing's rate in the rate table
 
 
 async def test_records_filters_and_keyset_pages(dash_store: Any) -> None:

@@ -23,8 +23,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from onceonly._core.lateness import BIN_LABELS, DUPLICATE_BINS, HALF_TTL, NEAR_TTL, UNKNOWN
 from onceonly._core.state import State
-from onceonly.admin_async import AsyncAdmin
+from onceonly.admin_async import AsyncAdmin, LatenessReport
 from onceonly.dashboard import _views
 from onceonly.dashboard._auth import COOKIE, SESSION_SECONDS, Auth, Verdict
 from onceonly.errors import ConfigurationError
@@ -226,6 +227,7 @@ class Dashboard:
             s=data,
             states=[s.value for s in State],
             chart=_rate_chart(data),
+            lateness=_lateness_chart(data.lateness),
             windows=list(_WINDOWS),
             window_name=window_name if window_name in _WINDOWS else "1h",
         )
@@ -615,6 +617,45 @@ def _rate_chart(s: _views.Summary) -> dict[str, Any]:
     for b in every_bar:  # bar heights in pixels, the largest rate near the top
         b["height"] = None if b["rate"] is None else round(b["rate"] / scale * 46, 1)
     return {"rows": rows, "points": len(s.duplicates), "scale": scale}
+
+
+def _lateness_chart(report: LatenessReport | None) -> dict[str, Any] | None:
+    """Bars of the duplicate-lateness histogram (duplicates per bin, the ttl bins last)
+    and a row per scope, for the SVG; ``None`` when nothing was recorded."""
+    if report is None:
+        return None
+    top = max(report.bins[b] for b in DUPLICATE_BINS) or 1
+    bars = []
+    for i, b in enumerate(DUPLICATE_BINS):
+        n = report.bins[b]
+        height = round(n / top * 120, 1)
+        kind = "near" if b == NEAR_TTL else "half" if b == HALF_TTL else "bar"
+        bars.append(
+            {"bin": b, "i": i, "label": BIN_LABELS[b], "n": n, "height": height, "kind": kind}
+        )
+    ttls = sorted({t for t in report.ttl.values() if t is not None})
+    rows = []
+    for scope, counts in sorted(report.by_scope.items()):
+        total = sum(counts.values())
+        late = counts[HALF_TTL] + counts[NEAR_TTL]
+        rows.append(
+            {
+                "scope": scope,
+                "total": total,
+                "half": counts[HALF_TTL],
+                "near": counts[NEAR_TTL],
+                "late_share": late / total if total else None,
+                "ttl": _age(report.ttl[scope]) if report.ttl.get(scope) is not None else "none",
+            }
+        )
+    return {
+        "bars": bars,
+        "ttl": ", ".join(_age(t) for t in ttls) if ttls else None,
+        "total": report.duplicates,
+        "unknown": report.bins[UNKNOWN],
+        "rows": rows,
+        "width": len(bars) * 60 + 40,
+    }
 
 
 def build(

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceonly._core.admin import Query
+from onceonly._core.lateness import BIN_LABELS, DUPLICATE_BINS, SECONDS_EDGES, UNKNOWN
 from onceonly._core.state import Record, State
-from onceonly.admin_async import AsyncAdmin, DuplicatePoint
+from onceonly.admin_async import AsyncAdmin, DuplicatePoint, LatenessReport
 from onceonly.errors import ConfigurationError, StoreError
 
 __all__ = [
@@ -199,6 +200,8 @@ class Summary:
     duplicates: list[DuplicatePoint]
     window: float
     outbox: dict[str, Any] | None
+    lateness: LatenessReport | None = None  # None: nothing recorded in the window
+    source: str = "DuplicateCounter"  # what ``duplicates`` was drawn from
 
     def json(self) -> dict[str, Any]:
         """The ``GET /api/summary`` body."""
@@ -214,7 +217,7 @@ class Summary:
             "now": iso(self.now),
             "duplicates": {
                 "window_seconds": self.window,
-                "source": "DuplicateCounter",
+                "source": self.source,
                 "intervals": [
                     {
                         "start": iso(p.start),
@@ -228,9 +231,35 @@ class Summary:
                 ],
                 "scopes": scopes,
             },
-            "lateness": None,
+            "lateness": None if self.lateness is None else lateness_json(self.lateness),
             "outbox": self.outbox,
         }
+
+
+def lateness_json(report: LatenessReport) -> dict[str, Any]:
+    """The ``lateness`` part of ``GET /api/summary``: duplicates per lateness bin."""
+
+    def bins(counts: dict[int, int]) -> list[dict[str, Any]]:
+        out = []
+        for b in DUPLICATE_BINS:
+            upper = SECONDS_EDGES[b - 1] if b <= len(SECONDS_EDGES) else None
+            out.append(
+                {"bin": b, "label": BIN_LABELS[b], "below_seconds": upper, "count": counts[b]}
+            )
+        return out
+
+    return {
+        "source": "DuplicateRecorder",
+        "window_seconds": report.window,
+        "duplicates": report.duplicates,
+        "bins": bins(report.bins),
+        "unknown": report.bins[UNKNOWN],
+        "ttl_seconds": report.ttl,
+        "by_scope": {
+            scope: {"bins": bins(counts), "unknown": counts[UNKNOWN]}
+            for scope, counts in sorted(report.by_scope.items())
+        },
+    }
 
 
 async def outbox_summary(store: Any, table: str | None) -> dict[str, Any] | None:
@@ -267,9 +296,16 @@ async def summary(
             oldest[s.scope] = s.oldest_in_progress
         if s.expired:
             expired[s.scope] = s.expired
-    history = await admin.duplicate_history(window=window, points=points)
+    # The duplicate rate comes from the DuplicateRecorder's buckets; the older
+    # DuplicateCounter counters are the fallback when nothing was recorded.
+    lateness: LatenessReport | None = await admin.duplicate_lateness(window=window, points=points)
+    if lateness is not None and lateness.recorded:
+        history, source = lateness.points, "DuplicateRecorder"
+    else:
+        lateness, source = None, "DuplicateCounter"
+        history = await admin.duplicate_history(window=window, points=points)
     box = await outbox_summary(admin.store, outbox_table) if outbox else None
     return Summary(
         sum(by_state.values()), by_state, by_scope, oldest, expired, report.now, history,
-        window, box,
+        window, box, lateness, source,
     )  # fmt: skip

@@ -215,6 +215,8 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._key_locks: dict[_Key, threading.Lock] = {}
         self._counts: dict[tuple[str, int], list[int]] = {}  # delivery counters (admin)
+        # duplicate lateness (admin): (scope, bucket, bin) -> [n, ttl]
+        self._lateness: dict[tuple[str, int, int], list[Any]] = {}
 
     def _key_lock(self, k: _Key) -> threading.Lock:
         with self._lock:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from onceonly._core.admin import PurgeRule, Query, ScopeStats, purge_qualifies
+from onceonly._core.lateness import max_ttl, sum_lateness
 from onceonly._core.state import Expect, Record, State, is_expired
 
 if TYPE_CHECKING:
@@ -109,6 +110,20 @@ class MemoryAdmin:
                     c, r = out.get(scope, (0, 0))
                     out[scope] = (c + claims, r + replays)
         return out
+
+    def add_lateness(self, rows: Sequence[tuple[str, int, int, int, float | None]]) -> None:
+        with self.store._lock:
+            for scope, bucket, b, n, ttl in rows:
+                row = self.store._lateness.setdefault((scope, bucket, b), [0, None])
+                row[0] += n
+                row[1] = max_ttl(row[1], ttl)
+
+    def read_lateness(
+        self, since: float, step: int
+    ) -> list[tuple[str, int, int, int, float | None]]:
+        with self.store._lock:
+            rows = [(s, t, b, n, ttl) for (s, t, b), (n, ttl) in self.store._lateness.items()]
+        return sum_lateness(rows, since, step)
 
 
 if TYPE_CHECKING:  # the contract is checked statically

@@ -184,6 +184,52 @@ class AsyncMySQLAdmin:
             for r in rows
         }
 
+    def _lateness_table(self) -> str:
+        return f"`{self.table[:55]}_lateness`"
+
+    async def add_lateness(self, rows: Sequence[tuple[str, int, int, int, float | None]]) -> None:
+        name = self._lateness_table()
+        await self._run(  # created on first use
+            f"CREATE TABLE IF NOT EXISTS {name} (scope VARBINARY(1020) NOT NULL,"
+            " bucket BIGINT NOT NULL, bin SMALLINT NOT NULL, n BIGINT NOT NULL, ttl DOUBLE,"
+            " PRIMARY KEY (scope, bucket, bin)) ENGINE=InnoDB",
+            (),
+        )
+        for row in rows:
+            await self._run(
+                f"INSERT INTO {name} (scope, bucket, bin, n, ttl) VALUES (%s, %s, %s, %s, %s)"
+                " ON DUPLICATE KEY UPDATE n = n + VALUES(n),"
+                " ttl = coalesce(greatest(ttl, VALUES(ttl)), ttl, VALUES(ttl))",
+                row,
+            )
+
+    async def read_lateness(
+        self, since: float, step: int
+    ) -> list[tuple[str, int, int, int, float | None]]:
+        name = self._lateness_table()
+        exists = await self._run(
+            "SELECT count(*) FROM information_schema.tables"
+            " WHERE table_schema = DATABASE() AND table_name = %s",
+            [name.strip("`")],
+        )
+        if not exists[0][0]:
+            return []
+        rows = await self._run(
+            f"SELECT scope, bucket - MOD(bucket, %s) AS start, bin, sum(n), max(ttl) FROM {name}"
+            " WHERE bucket >= %s GROUP BY scope, start, bin ORDER BY scope, start, bin",
+            [int(step), int(since)],
+        )
+        return [
+            (
+                r[0].decode() if isinstance(r[0], bytes) else r[0],
+                int(r[1]),
+                int(r[2]),
+                int(r[3]),
+                None if r[4] is None else float(r[4]),
+            )
+            for r in rows
+        ]
+
     async def sizes(self) -> dict[str, int]:
         rows = await self._run(
             "SELECT data_length, index_length FROM information_schema.tables"

@@ -185,6 +185,52 @@ class AsyncPostgresAdmin:
         )
         return {r[0]: (int(r[1]), int(r[2])) for r in rows}
 
+    def _lateness_name(self) -> str:
+        return sql.Identifier(f"{self.table}_lateness"[:63]).as_string()
+
+    async def add_lateness(self, rows: Sequence[tuple[str, int, int, int, float | None]]) -> None:
+        name = self._lateness_name()
+        if not getattr(self, "_lateness_ready", False):  # created on first use
+            try:
+                async with self.store._connection(autocommit=True) as conn, conn.transaction():
+                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+                    await conn.execute(
+                        f"CREATE TABLE IF NOT EXISTS {name} (scope text NOT NULL,"
+                        " bucket bigint NOT NULL, bin smallint NOT NULL, n bigint NOT NULL,"
+                        " ttl double precision, PRIMARY KEY (scope, bucket, bin))"
+                    )
+            except psycopg.Error as exc:
+                raise _DriverErrors()._translate(exc) from exc
+            self._lateness_ready = True
+        statement = (
+            f"INSERT INTO {name} AS l (scope, bucket, bin, n, ttl) VALUES (%s, %s, %s, %s, %s)"
+            " ON CONFLICT (scope, bucket, bin) DO UPDATE SET n = l.n + excluded.n,"
+            " ttl = greatest(l.ttl, excluded.ttl)"
+        )
+        try:
+            async with self.store._connection(autocommit=True) as conn, conn.transaction():
+                await conn.cursor().executemany(statement.encode(), list(rows))
+        except psycopg.Error as exc:
+            raise _DriverErrors()._translate(exc) from exc
+
+    async def read_lateness(
+        self, since: float, step: int
+    ) -> list[tuple[str, int, int, int, float | None]]:
+        name = self._lateness_name()
+        exists = await self._run("SELECT to_regclass(?) IS NOT NULL", [name])
+        if not exists[0][0]:  # nothing ever recorded: nothing to read (and no DDL here)
+            return []
+        rows = await self._run(
+            f"SELECT scope, bucket - bucket % ?::bigint AS start, bin, sum(n), max(ttl)"
+            f" FROM {name} WHERE bucket >= ? GROUP BY scope, start, bin"
+            " ORDER BY scope, start, bin",
+            [int(step), int(since)],
+        )
+        return [
+            (r[0], int(r[1]), int(r[2]), int(r[3]), None if r[4] is None else float(r[4]))
+            for r in rows
+        ]
+
     async def sizes(self) -> dict[str, int]:
         rows = await self._run(
             "SELECT pg_table_size(to_regclass(?)), pg_indexes_size(to_regclass(?))",

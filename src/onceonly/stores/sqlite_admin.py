@@ -123,6 +123,40 @@ class SQLiteAdmin:
         )
         return {r[0]: (int(r[1]), int(r[2])) for r in rows}
 
+    def add_lateness(self, rows: Sequence[tuple[str, int, int, int, float | None]]) -> None:
+        name = validate_identifier(f"{self.table}_lateness"[:63])
+        self._run(  # created on first use
+            f"CREATE TABLE IF NOT EXISTS {name} (scope TEXT NOT NULL, bucket INTEGER NOT NULL,"
+            " bin INTEGER NOT NULL, n INTEGER NOT NULL, ttl REAL,"
+            " PRIMARY KEY (scope, bucket, bin)) WITHOUT ROWID",
+            [],
+        )
+        with self.store.transaction() as s, _errors():
+            for row in rows:
+                s.connection.execute(
+                    f"INSERT INTO {name} (scope, bucket, bin, n, ttl) VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT (scope, bucket, bin) DO UPDATE SET n = n + excluded.n,"
+                    " ttl = coalesce(max(ttl, excluded.ttl), ttl, excluded.ttl)",
+                    row,
+                )
+
+    def read_lateness(
+        self, since: float, step: int
+    ) -> list[tuple[str, int, int, int, float | None]]:
+        name = validate_identifier(f"{self.table}_lateness"[:63])
+        exists = self._run("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [name])
+        if not exists:  # nothing ever recorded: nothing to read (and no DDL here)
+            return []
+        rows = self._run(
+            f"SELECT scope, bucket - bucket % ? AS start, bin, sum(n), max(ttl) FROM {name}"
+            " WHERE bucket >= ? GROUP BY scope, start, bin ORDER BY scope, start, bin",
+            [int(step), since],
+        )
+        return [
+            (r[0], int(r[1]), int(r[2]), int(r[3]), None if r[4] is None else float(r[4]))
+            for r in rows
+        ]
+
     def sizes(self) -> dict[str, int]:
         try:
             return {"file": os.path.getsize(self.store.path)}

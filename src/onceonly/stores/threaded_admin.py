@@ -49,6 +49,14 @@ class ThreadedAdmin:
     async def read_counts(self, since: float) -> dict[str, tuple[int, int]]:
         return await asyncio.to_thread(self.sync.read_counts, since)
 
+    async def add_lateness(self, rows: Sequence[tuple[str, int, int, int, float | None]]) -> None:
+        await asyncio.to_thread(self.sync.add_lateness, rows)
+
+    async def read_lateness(
+        self, since: float, step: int
+    ) -> list[tuple[str, int, int, int, float | None]]:
+        return await asyncio.to_thread(self.sync.read_lateness, since, step)
+
 
 if TYPE_CHECKING:  # the contract is checked statically
     from onceonly.types import AsyncAdminStore

@@ -667,3 +667,11 @@ class TieredAdmin:
 
     def read_counts(self, since: float) -> dict[str, tuple[int, int]]:
         return self._inner.read_counts(since)
+
+    def add_lateness(self, rows: Sequence[tuple[str, int, int, int, float | None]]) -> None:
+        self._inner.add_lateness(rows)
+
+    def read_lateness(
+        self, since: float, step: int
+    ) -> list[tuple[str, int, int, int, float | None]]:
+        return self._inner.read_lateness(since, step)

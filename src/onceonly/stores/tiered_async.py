@@ -669,3 +669,11 @@ class AsyncTieredAdmin:
 
     async def read_counts(self, since: float) -> dict[str, tuple[int, int]]:
         return await self._inner.read_counts(since)
+
+    async def add_lateness(self, rows: Sequence[tuple[str, int, int, int, float | None]]) -> None:
+        await self._inner.add_lateness(rows)
+
+    async def read_lateness(
+        self, since: float, step: int
+    ) -> list[tuple[str, int, int, int, float | None]]:
+        return await self._inner.read_lateness(since, step)
