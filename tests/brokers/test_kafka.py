@@ -221,14 +221,36 @@ async def test_offsets_commit_with_the_effects_in_key_order(env2: Env) -> None:
     assert all(c == h for c, h in marks)
 
 
+async def test_a_batch_writes_each_partitions_position_once(env2: Env) -> None:
+    """Batches of 40: the position of a partition is written once per batch (in the
+    batch's transaction, after its records), not once per record; every record once."""
+    n = 80
+    await env2.send([(f"k{i}", {"id": f"r{i}"}) for i in range(n)])
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        await tx.execute(f"INSERT INTO {env2.table}_ledger (id) VALUES (?)", (payload["id"],))
+
+    inbox = onceonly.AsyncInbox(env2.store, consumer="c")
+    async with env2.consumer(inbox, handler, batch_size=40, batch_wait=0.2):
+        await eventually(lambda: _count(env2, n))
+        async with env2.store.transaction() as tx:
+            cur = await tx.execute(f"SELECT part, writes FROM {env2.table}_pos")
+            writes = dict(await cur.fetchall())
+    rows = await env2.ledger()
+    assert len(rows) == n and len(set(rows)) == n
+    # 1 claim + at most one write per batch (a handful), never one per record (~40)
+    assert len(writes) == 2 and all(w <= 8 for w in writes.values()), writes
+
+
 async def _count(env: Env, n: int) -> bool:
     return len(await env.ledger()) >= n
 
 
-async def test_a_zombies_transaction_is_fenced_and_rolls_back(env2: Env) -> None:
+@pytest.mark.parametrize("batch_size", [1, 2])
+async def test_a_zombies_transaction_is_fenced_and_rolls_back(env2: Env, batch_size: int) -> None:
     """Another member takes the partition (its epoch) while a handler runs: that run's
-    transaction fails at its position write and rolls back its effect; the record is
-    processed once, by the next owner of the partition."""
+    transaction (alone, or its whole batch) fails at its position write and rolls back its
+    effect; the record is processed once, by the next owner of the partition."""
     gate = asyncio.Event()
     runs: list[int] = []
 
@@ -242,7 +264,9 @@ async def test_a_zombies_transaction_is_fenced_and_rolls_back(env2: Env) -> None
 
     await env2.send([("a", {"id": "a"}), ("b", {"id": "b"})])
     inbox = onceonly.AsyncInbox(env2.store, consumer="c")
-    async with env2.consumer(inbox, handler, ordering="partition"):
+    # one at a time (ordering="partition": a batch waits behind the gate), or a batch of 2
+    batched = {"batch_size": 2, "batch_wait": 1.0} if batch_size > 1 else {"ordering": "partition"}
+    async with env2.consumer(inbox, handler, **batched):
         await eventually(lambda: _true(len(runs) == 1))
         async with env2.store.transaction() as tx:  # a new member claims every partition
             await tx.execute(f"UPDATE {env2.table}_pos SET epoch = epoch + 1")
