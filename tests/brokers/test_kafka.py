@@ -26,7 +26,9 @@ import pytest
 import onceonly
 from onceonly.brokers.kafka import KafkaConsumer
 from tests.brokers._kits import KAFKA_BOOTSTRAP, KAFKA_FAST_JOIN, kafka_committed, kafka_read_all
+from tests.brokers._tansu import Tansu, tansu_binary
 from tests.conftest import PG_URL, drop_pg_table, require_postgres, unavailable, unique_table
+from tests.e2e._proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -36,8 +38,9 @@ ROOT = Path(__file__).resolve().parents[2]
 class Env:
     """A topic, a group, a PostgreSQL store with its ledger and positions tables."""
 
-    def __init__(self, partitions: int) -> None:
+    def __init__(self, partitions: int, bootstrap: str = KAFKA_BOOTSTRAP) -> None:
         tag = uuid.uuid4().hex[:10]
+        self.bootstrap = bootstrap
         self.topic = f"kafka-{tag}"
         self.group = f"g-{tag}"
         self.table = unique_table()
@@ -45,7 +48,7 @@ class Env:
         self.store: Any = None
         from confluent_kafka import Producer
 
-        self.producer = Producer({"bootstrap.servers": KAFKA_BOOTSTRAP, "linger.ms": 1})
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
 
     async def start(self) -> None:
         from onceonly.brokers._kafka_wire import ensure_topics
@@ -56,12 +59,12 @@ class Env:
             await loop.run_in_executor(
                 None,
                 ensure_topics,
-                {"bootstrap.servers": KAFKA_BOOTSTRAP},
+                {"bootstrap.servers": self.bootstrap},
                 [(self.topic, self.partitions)],
                 5.0,
             )
         except Exception:
-            unavailable(f"Kafka (Tansu) at {KAFKA_BOOTSTRAP}")
+            unavailable(f"Kafka (Tansu) at {self.bootstrap}")
         self.store = onceonly.open_async_store(PG_URL, table=self.table, outbox_table=None)
         await self.store.migrate()
         async with self.store.transaction() as tx:
@@ -106,7 +109,7 @@ class Env:
             handler,
             topics=[self.topic],
             group=self.group,
-            bootstrap=KAFKA_BOOTSTRAP,
+            bootstrap=self.bootstrap,
             config=KAFKA_FAST_JOIN,
             positions_table=f"{self.table}_pos",
             **options,
@@ -118,7 +121,7 @@ class Env:
             "table": self.table,
             "topic": self.topic,
             "group": self.group,
-            "bootstrap": KAFKA_BOOTSTRAP,
+            "bootstrap": self.bootstrap,
             "mode": "work",
             **config,
         }
@@ -377,3 +380,61 @@ async def test_record_that_kills_the_worker_is_dead_lettered(env2: Env) -> None:
 async def _dead(env: Env) -> bool:
     loop = asyncio.get_running_loop()
     return bool(await loop.run_in_executor(None, kafka_read_all, f"{env.topic}.dead"))
+
+
+@pytest.fixture
+async def proxied(tmp_path: Path) -> AsyncIterator[tuple[Env, TcpProxy]]:
+    """A private Tansu whose advertised listener is a TCP proxy in front of it: every
+    connection of the clients goes through the proxy, which the test cuts."""
+    binary = tansu_binary()
+    if binary is None:
+        unavailable("the Tansu binary (scripts/services kafka)")
+    tansu = Tansu(binary, tmp_path / "tansu.log")
+    proxy = TcpProxy("127.0.0.1", tansu.port).start()
+    try:
+        tansu.start(advertised=proxy.port)
+        env = Env(partitions=2, bootstrap=f"127.0.0.1:{proxy.port}")
+        await env.start()
+        try:
+            yield env, proxy
+        finally:
+            await env.close()
+    finally:
+        proxy.close()
+        tansu.stop()
+
+
+async def test_connections_cut_through_a_proxy(proxied: tuple[Env, TcpProxy]) -> None:
+    """While a consumer runs, every connection to the broker is cut again and again (reset,
+    a fetch or commit that never arrives, answers that never come back): every record
+    once in the ledger, positions never backwards, the consumer reconnected each time."""
+    env, proxy = proxied
+    n = 300
+    await env.send([(f"k{i % 9}", {"id": f"r{i}"}) for i in range(n)])
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        await tx.execute(f"INSERT INTO {env.table}_ledger (id) VALUES (?)", (payload["id"],))
+        await asyncio.sleep(0.005)
+
+    inbox = onceonly.AsyncInbox(env.store, consumer="c")
+    watch = Watch(env)
+    cuts: list[int] = []
+    async with env.consumer(inbox, handler, concurrency=4, batch_size=5):
+        await eventually(lambda: _count(env, 20))
+        for i in range(6):
+            if len(await env.ledger()) >= n:
+                break
+            cuts.append(len(await env.ledger()))
+            if i % 3 == 0:
+                proxy.drop()
+            else:
+                proxy.arm(lose="requests" if i % 3 == 1 else "replies", blackout=0.3)
+            await asyncio.sleep(1.0)
+        await eventually(lambda: _count(env, n), timeout=60)
+        await asyncio.sleep(1.0)  # anything still coming would show up as a duplicate
+    await watch.stop()
+    rows = await env.ledger()
+    assert len(rows) == n and len(set(rows)) == n  # none lost, none doubled
+    assert watch.backwards == []
+    assert cuts and cuts[0] < n  # cut mid-stream
+    assert proxy.dropped >= 1 and proxy.accepted_after_drop >= 1  # reconnected
