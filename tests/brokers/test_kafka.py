@@ -285,6 +285,10 @@ async def _true(v: bool) -> bool:
     return v
 
 
+async def _has(env: Env, ids: set[str]) -> bool:
+    return ids <= set(await env.ledger())
+
+
 async def test_kill_9_mid_batch_loses_and_doubles_nothing(env2: Env) -> None:
     """A consumer process running batches of 20 is SIGKILLed mid-run; a new one finishes:
     every record once in the ledger, positions never moved backwards."""
@@ -478,3 +482,42 @@ async def test_rebalance_forced_every_few_seconds(env2: Env) -> None:
         epochs = dict(await cur.fetchall())
     # the first assignment, then at least one move per join or leave for some partition
     assert sum(epochs.values()) >= 2 + cycles, epochs
+
+
+@pytest.fixture
+async def env1() -> AsyncIterator[Env]:
+    e = Env(partitions=1)
+    await e.start()
+    try:
+        yield e
+    finally:
+        await e.close()
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+async def test_a_crash_with_an_earlier_record_in_flight_runs_it_again(
+    env1: Env, batch_size: int
+) -> None:
+    """One partition; the first record's handler hangs while later ones (other keys)
+    commit, then the process is SIGKILLed. The position stored stays at the record in
+    flight (never past it), so the restarted consumer runs it: every record once."""
+    n = 4
+    await env1.send([(f"k{i}", {"id": f"r{i}"}) for i in range(n)])
+    proc = env1.worker(batch_size=batch_size, concurrency=4, block=["r0"])
+    try:
+        # alone: r1..r3 commit; batches of 2: [r0, r1] hangs, [r2, r3] commits
+        done = {"r1", "r2", "r3"} if batch_size == 1 else {"r2", "r3"}
+        await eventually(lambda: _has(env1, done))
+        await asyncio.sleep(0.5)  # a position write that would follow has happened
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert "r0" not in await env1.ledger()
+        assert (await env1.positions()).get(0, 0) <= 0  # not past the record in flight
+        proc = env1.worker(batch_size=batch_size, concurrency=4)
+        await eventually(lambda: _count(env1, n), timeout=40)
+        await asyncio.sleep(0.5)
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    rows = await env1.ledger()
+    assert sorted(rows) == [f"r{i}" for i in range(n)]  # r0 ran after the restart, once
