@@ -521,3 +521,29 @@ async def test_a_crash_with_an_earlier_record_in_flight_runs_it_again(
         proc.wait(20)
     rows = await env1.ledger()
     assert sorted(rows) == [f"r{i}" for i in range(n)]  # r0 ran after the restart, once
+
+
+@pytest.mark.parametrize("precount", [False, True])
+async def test_an_inbox_that_cannot_count_crashes_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, precount: bool
+) -> None:
+    """Kafka keeps no delivery count: on an atomic inbox that does not pre-count
+    attempts, a record that kills the worker would run after every restart, never
+    dead-lettered. Creating such a consumer warns and names the fix; a pre-counting
+    inbox is not warned about (test_record_that_kills_the_worker_is_dead_lettered)."""
+    store = onceonly.open_async_store(f"sqlite:///{tmp_path / 'inbox.db'}")
+    inbox = onceonly.AsyncInbox(store, consumer="c", precount_attempts=precount)
+    caplog.set_level("WARNING", logger="onceonly.brokers.kafka")
+    try:
+        KafkaConsumer(inbox, _nothing, topics=["t"], group="g", bootstrap=KAFKA_BOOTSTRAP)
+    finally:
+        await store.close()
+    warned = [r for r in caplog.records if "precount_attempts=True" in r.getMessage()]
+    assert (warned == []) is precount
+    if not precount:
+        assert warned[0].levelname == "WARNING"
+        assert "never dead-lettered" in warned[0].getMessage()
+
+
+async def _nothing(payload: Any, tx: onceonly.AsyncTx) -> None:
+    return None

@@ -34,7 +34,9 @@ meanings of the other consumers:
   the backoff (records of its key wait behind it), and ``tx.delivery.delivery_count``
   counts this consumer's deliveries. A record that kills the worker is counted by the
   inbox when it pre-counts attempts (``AsyncInbox(precount_attempts=True)``), and is
-  dead-lettered once they reach ``max_attempts``;
+  dead-lettered once they reach ``max_attempts``; with an atomic inbox that does not,
+  the consumer logs a warning when it is created (such a record would run again after
+  every restart, never dead-lettered);
 * dead letters go to ``<topic>.dead`` (created when missing) with the ``onceonly-*``
   headers, the original key and value;
 * rebalances: on revoke nothing more is taken from the lost partitions, running
@@ -176,6 +178,15 @@ class KafkaConsumer(ConsumerLoop):
         if partitions < 1 or max_buffer < 1:
             raise ConfigurationError("partitions and max_buffer must be at least 1")
         self.offsets = offsets
+        if inbox.mode != LEASED and not inbox.precount_attempts:
+            log.warning(
+                "KafkaConsumer(group %r): the inbox does not pre-count attempts, so a record"
+                " whose handler kills the worker is never counted (Kafka keeps no delivery"
+                " count): it runs again after every restart and is never dead-lettered. Pass"
+                " AsyncInbox(..., precount_attempts=True) to count it (one more write per"
+                " record).",
+                group,
+            )
         positions = Positions(inbox.store, group, positions_table) if offsets == "store" else None
         named = message_id is not None and not (
             isinstance(message_id, MessageIds) and message_id.fallback is None
