@@ -19,7 +19,7 @@ The broker is Tansu 0.6.0 (a Kafka-compatible broker, not Apache Kafka; memory s
 ``scripts/services kafka``.
 
     .venv/bin/python bench/consumer_kafka.py [--messages 3000] [--repeat 3]
-        [--bootstrap 127.0.0.1:9092] [--pg postgresql://postgres@127.0.0.1:5432/postgres]
+        [--concurrency N] [--bootstrap 127.0.0.1:9092] [--pg postgresql://postgres@127.0.0.1:5432/postgres]
 
 This is a benchmark, not a test: it prints numbers and exits 0 unless it fails.
 """
@@ -90,7 +90,7 @@ async def run_onceonly(args: argparse.Namespace, topic: str, batch: int) -> floa
         positions_table=f"{table}_pos",
         batch_size=batch,
         batch_wait=0.005,
-        concurrency=max(16, batch),
+        concurrency=args.concurrency or max(16, batch),
     )
     async with consumer:
         await asyncio.wait_for(done.wait(), 300)
@@ -146,6 +146,12 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=3000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=0,
+        help="KafkaConsumer concurrency (default max(16, batch size): one batch at a time)",
+    )
     ap.add_argument("--bootstrap", default=os.environ.get("ONCEONLY_TEST_KAFKA", "127.0.0.1:9092"))
     ap.add_argument(
         "--pg",

@@ -3,7 +3,7 @@
 
 Exit status: 0 when lost, doubled and stuck are all 0 (and nothing else is wrong:
 no phantom effect, every request placed, the queues readable); 1 when the checker
-found a violation; 2 when the run could not be set up (RabbitMQ unreachable, no
+found a violation; 2 when the run could not be set up (the broker unreachable, no
 PostgreSQL server binaries) or broke down.
 """
 
@@ -118,6 +118,13 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
         dest="amqp_url",
         default=os.environ.get("ONCEONLY_TEST_AMQP", d.amqp_url),
         help="RabbitMQ URL (default $ONCEONLY_TEST_AMQP or the local guest account)",
+    )
+    add("--broker", choices=("rabbitmq", "kafka"), default=d.broker, help="the broker")
+    add(
+        "--kafka",
+        dest="kafka_bootstrap",
+        default=os.environ.get("ONCEONLY_TEST_KAFKA", d.kafka_bootstrap),
+        help="Kafka host:port, with --broker kafka (default $ONCEONLY_TEST_KAFKA or Tansu's)",
     )
     add("--pg-bindir", default=d.pg_bindir, help="directory of initdb and pg_ctl")
     add("--workdir", default=d.workdir, help="parent of the run's temporary directory")

@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 from chaos.checker import Findings
+from chaos.kafka import PARTITIONS
 from chaos.run import Result
 from chaos.spec import ECHO_OUTBOX, OUTBOX
 
@@ -154,7 +155,8 @@ def render(r: Result) -> str:
     lines = [
         f"onceonly chaos: {_n(o.messages)} messages, {o.duplicates:.0%} duplicates, seed {o.seed}",
         f"  pipeline    {o.producers} producers -> outbox + echo outbox -> {o.relays} relays ->"
-        f" RabbitMQ -> {o.consumers} consumers x {o.concurrency} -> effects",
+        f" {'Kafka (Tansu)' if o.broker == 'kafka' else 'RabbitMQ'} -> {o.consumers} consumers"
+        f" x {o.concurrency} -> effects",
         f"  time        {s.get('total', 0):.1f}s: setup {s.get('setup', 0):.1f}, faults"
         f" {s.get('faults', 0):.1f}, drain {s.get('drain', 0):.1f}, stop {s.get('stop', 0):.1f},"
         f" check {s.get('check', 0):.1f} (deadline {o.seconds:g}s{_overtime(r)})"
@@ -162,6 +164,11 @@ def render(r: Result) -> str:
         f"  faults      {_faults_line(r)}",
         f"  own exits   {_exits_line(r)}",
     ]
+    if o.broker == "kafka":
+        lines.append(
+            f"  rebalances  {r.assignments} partition assignments (the first ones included;"
+            f" a rebalance reassigns all {PARTITIONS} partitions)"
+        )
     if f is not None:
         produced = Counter(r.counts.get("producer", {}))
         lines += [
@@ -217,6 +224,8 @@ def to_json(r: Result) -> dict[str, Any]:
         "overtime": r.overtime,
         "faults": r.faults,
         "kills": r.kills,
+        "broker": r.options.broker,
+        "assignments": r.assignments,
         "backends_terminated": r.backends_terminated,
         "exits": r.exits,
         "counts": r.counts,

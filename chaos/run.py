@@ -3,7 +3,8 @@
 
 1. **Setup**: a private PostgreSQL cluster (:mod:`chaos.pgcluster`), onceonly's tables
    (records, outbox, echo outbox) and the business tables, a RabbitMQ queue and its
-   dead-letter queue with unique names.
+   dead-letter queue with unique names (``--broker kafka``: a topic on Tansu and
+   ``<topic>.dead``, :mod:`chaos.kafka`).
 2. **Faults**: the pool (:mod:`chaos.supervisor`) runs the producers, relays and
    consumers while :mod:`chaos.faults` kills them, terminates their backends and
    restarts the database. Faults stop when the pipeline is done (every producer
@@ -45,6 +46,7 @@ from typing import Any, TextIO
 import psycopg
 
 import onceonly
+from chaos import kafka as kafka_side
 from chaos.checker import Findings, check, examples_of, read_queue
 from chaos.faults import KINDS, Faults
 from chaos.headway import Headway
@@ -89,6 +91,8 @@ class Options:
     stall: float = 20.0
     seed: int = 1
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    broker: str = "rabbitmq"  # or "kafka" (Tansu: chaos.kafka)
+    kafka_bootstrap: str = "127.0.0.1:9092"
     pg_bindir: str | None = None
     workdir: str | None = None
     keep: bool = False
@@ -115,6 +119,7 @@ class Result:
     backends_terminated: int = 0
     restart_seconds: float = 0.0
     exits: dict[str, dict[str, int]] = field(default_factory=dict)
+    assignments: int = 0  # Kafka: partitions assigned to a member (each rebalance moves some)
     starts: dict[str, int] = field(default_factory=dict)
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     findings: Findings | None = None
@@ -261,7 +266,7 @@ async def execute(options: Options, stream: TextIO | None = None) -> Result:
     """Run the pipeline under faults and check it; see the module docstring.
 
     Raises:
-        ChaosError: RabbitMQ or the PostgreSQL server binaries are missing.
+        ChaosError: the broker or the PostgreSQL server binaries are missing.
     """
     o = options
     out = stream if stream is not None else sys.stderr
@@ -273,8 +278,11 @@ async def execute(options: Options, stream: TextIO | None = None) -> Result:
     bindir = find_bindir(o.pg_bindir)
     if bindir is None:
         raise ChaosError("PostgreSQL server binaries (initdb, pg_ctl) not found; see --pg-bindir")
-    if not await reachable("rabbitmq", o.amqp_url):
-        raise ChaosError(f"RabbitMQ at {o.amqp_url} is not reachable")
+    kafka = o.broker == "kafka"
+    broker_url = f"kafka://{o.kafka_bootstrap}" if kafka else o.amqp_url
+    if not await reachable(o.broker, broker_url):
+        what = f"Kafka (Tansu) at {o.kafka_bootstrap}" if kafka else f"RabbitMQ at {o.amqp_url}"
+        raise ChaosError(f"{what} is not reachable")
     workdir = Path(tempfile.mkdtemp(prefix="onceonly-chaos-", dir=o.workdir))
     result = Result(options=o, started=time.time(), workdir=str(workdir))
     names = Names(f"chaos_{secrets.token_hex(5)}")
@@ -287,7 +295,9 @@ async def execute(options: Options, stream: TextIO | None = None) -> Result:
         cluster = PgCluster.create(bindir)
         result.pg_port = cluster.port
         _setup_database(cluster)
-        await prepare_broker("rabbitmq", o.amqp_url, names)
+        if kafka:
+            await kafka_side.create_topic(o.kafka_bootstrap, names.topic)
+        await prepare_broker(o.broker, broker_url, names)
         broker_ready = True
         spec = Spec(
             pg_port=cluster.port,
@@ -303,6 +313,8 @@ async def execute(options: Options, stream: TextIO | None = None) -> Result:
             producer_concurrency=o.producer_concurrency,
             relay_batch=o.relay_batch,
             workdir=str(workdir),
+            broker=o.broker,
+            kafka_bootstrap=o.kafka_bootstrap,
         )
         spec_path = workdir / "spec.json"
         spec.save(spec_path)
@@ -312,7 +324,7 @@ async def execute(options: Options, stream: TextIO | None = None) -> Result:
             zip(KINDS, (o.kill_every, o.terminate_every, o.pg_restart_every), strict=True)
         )
         faults = Faults(pool, cluster, intervals, o.kill_roles, o.terminate_roles, rng)
-        monitor = Monitor(cluster.url("chaos-harness"), o.amqp_url, names.topic)
+        monitor = Monitor(cluster.url("chaos-harness"), o.amqp_url, names.topic, o.broker)
         result.seconds["setup"] = time.monotonic() - begin
         out.write(
             f"chaos: {o.messages:,} messages, {o.duplicates:.0%} duplicates; private PostgreSQL"
@@ -341,8 +353,14 @@ async def execute(options: Options, stream: TextIO | None = None) -> Result:
         result.stragglers = pool.stop(("producer", "relay", "consumer"), STOP_TIMEOUT)
         result.seconds["stop"] = time.monotonic() - t2
         t3 = time.monotonic()
-        queue = await read_queue(o.amqp_url, names.topic)
-        dead = await read_queue(o.amqp_url, names.dead)
+        if kafka:
+            starts = kafka_side.stored_positions(cluster.url("chaos-check"), names.topic)
+            queue = await kafka_side.read_topic(o.kafka_bootstrap, names.topic, starts)
+            dead = await kafka_side.read_topic(o.kafka_bootstrap, names.dead)
+            result.assignments = kafka_side.assignments(cluster.url("chaos-check"), names.topic)
+        else:
+            queue = await read_queue(o.amqp_url, names.topic)
+            dead = await read_queue(o.amqp_url, names.dead)
         findings = check(cluster.url("chaos-check"), o.messages, queue, dead)
         result.findings = findings
         bad = [
@@ -374,7 +392,7 @@ async def execute(options: Options, stream: TextIO | None = None) -> Result:
             pool.close()
         if broker_ready:
             try:
-                await cleanup_broker("rabbitmq", o.amqp_url, names)
+                await cleanup_broker(o.broker, broker_url, names)
             except Exception as exc:  # do not hide the error that got us here
                 out.write(f"chaos: could not delete the queues: {exc!r}\n")
         if cluster is not None:

@@ -78,6 +78,8 @@ class Spec:
         producer_concurrency: requests in flight per producer.
         relay_batch: rows per relay batch.
         workdir: the run's directory (status files, logs).
+        broker: ``"rabbitmq"`` or ``"kafka"`` (Tansu: :mod:`chaos.kafka`).
+        kafka_bootstrap: the Kafka broker's ``host:port``.
     """
 
     pg_port: int
@@ -93,6 +95,8 @@ class Spec:
     producer_concurrency: int
     relay_batch: int
     workdir: str
+    broker: str = "rabbitmq"
+    kafka_bootstrap: str = "127.0.0.1:9092"
 
     def pg_url(self, application_name: str | None = None) -> str:
         """The private cluster, optionally naming the connecting application."""

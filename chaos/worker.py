@@ -8,10 +8,13 @@
   places the rest. A request that fails for a transient reason is retried with capped
   backoff (bounded); a dead one is left to the checker. Exits 0 when its share is done.
 * ``relay``: an :class:`~onceonly.AsyncRelay` for each outbox (main and echo), each
-  with its own :class:`~onceonly.brokers.rabbitmq.RabbitMQPublisher`, until SIGTERM.
+  with its own :class:`~onceonly.brokers.rabbitmq.RabbitMQPublisher` (``--broker kafka``:
+  :class:`~onceonly.brokers.kafka.KafkaPublisher`), until SIGTERM.
   A relay whose ``run()`` raises ends the process (exit 1), as ``onceonly relay`` would:
   the supervisor restarts it and counts it.
-* ``consumer``: a :class:`~onceonly.brokers.rabbitmq.RabbitMQConsumer` with an
+* ``consumer``: a :class:`~onceonly.brokers.rabbitmq.RabbitMQConsumer` (or a
+  :class:`~onceonly.brokers.kafka.KafkaConsumer` of the run's group, its positions in
+  the handler's transaction: :mod:`chaos.kafka`) with an
   :class:`~onceonly.AsyncInbox` (scope ``effects``) whose handler inserts the message's
   ``effects`` row, until SIGTERM (graceful: running handlers finish and settle).
 
@@ -201,7 +204,7 @@ async def run_relay(spec: Spec, slot: int, status: Status) -> int:
         max_size=4,
         timeout=10.0,
     )
-    publishers = [RabbitMQPublisher(spec.amqp_url, timeout=5.0) for _ in range(2)]
+    publishers = [_publisher(spec) for _ in range(2)]
     relays = {
         table: onceonly.AsyncRelay(
             store,
@@ -278,15 +281,7 @@ async def run_consumer(spec: Spec, slot: int, status: Status) -> int:
             ),
         )
 
-    sep = "&" if "?" in spec.amqp_url else "?"
-    consumer = RabbitMQConsumer(
-        inbox,
-        handler,
-        queue=spec.queue,
-        url=f"{spec.amqp_url}{sep}reconnect_interval=0.5",
-        concurrency=spec.concurrency,
-        shutdown_timeout=10.0,
-    )
+    consumer = _consumer(spec, inbox, handler)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
@@ -306,6 +301,43 @@ async def run_consumer(spec: Spec, slot: int, status: Status) -> int:
         return 0
     finally:
         await store.close()
+
+
+def _publisher(spec: Spec) -> Any:
+    if spec.broker == "kafka":
+        from onceonly.brokers.kafka import KafkaPublisher
+
+        return KafkaPublisher(spec.kafka_bootstrap, timeout=5.0)
+    return RabbitMQPublisher(spec.amqp_url, timeout=5.0)
+
+
+def _consumer(spec: Spec, inbox: onceonly.AsyncInbox, handler: Any) -> Any:
+    if spec.broker == "kafka":
+        from chaos.kafka import FAST_JOIN, POSITIONS
+        from onceonly.brokers.kafka import KafkaConsumer
+
+        return KafkaConsumer(
+            inbox,
+            handler,
+            topics=[spec.queue],
+            group=spec.queue,
+            bootstrap=spec.kafka_bootstrap,
+            config=FAST_JOIN,
+            positions_table=POSITIONS,
+            concurrency=spec.concurrency,
+            retry_delay=0.2,
+            max_backoff=1.0,
+            shutdown_timeout=10.0,
+        )
+    sep = "&" if "?" in spec.amqp_url else "?"
+    return RabbitMQConsumer(
+        inbox,
+        handler,
+        queue=spec.queue,
+        url=f"{spec.amqp_url}{sep}reconnect_interval=0.5",
+        concurrency=spec.concurrency,
+        shutdown_timeout=10.0,
+    )
 
 
 # -- entry point --------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 
 Run as ``python -m tests.brokers._kafka_worker '<json config>'``. Mode ``"work"``:
 each record's ``id`` goes into the ledger table (then the handler sleeps ``delay``);
-SIGTERM stops it gracefully. Mode ``"crash"``: the handler ends the process with
+SIGTERM stops it gracefully; the records whose ``id`` is in ``block`` hang in their handler
+(until the process is killed). Mode ``"crash"``: the handler ends the process with
 ``os._exit(7)`` (nothing of the run commits).
 """
 
@@ -33,10 +34,13 @@ async def main(config: dict[str, Any]) -> None:
         max_attempts=config.get("max_attempts", 5),
     )
     delay = float(config.get("delay", 0.0))
+    block = set(config.get("block", ()))
 
     async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
         if config["mode"] == "crash":
             os._exit(EXIT_IN_HANDLER)
+        if payload["id"] in block:
+            await asyncio.sleep(3600)
         await tx.execute(f"INSERT INTO {table}_ledger (id) VALUES (?)", (payload["id"],))
         if delay:
             await asyncio.sleep(delay)

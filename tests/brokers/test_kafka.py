@@ -26,7 +26,9 @@ import pytest
 import onceonly
 from onceonly.brokers.kafka import KafkaConsumer
 from tests.brokers._kits import KAFKA_BOOTSTRAP, KAFKA_FAST_JOIN, kafka_committed, kafka_read_all
+from tests.brokers._tansu import Tansu, tansu_binary
 from tests.conftest import PG_URL, drop_pg_table, require_postgres, unavailable, unique_table
+from tests.e2e._proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -36,8 +38,9 @@ ROOT = Path(__file__).resolve().parents[2]
 class Env:
     """A topic, a group, a PostgreSQL store with its ledger and positions tables."""
 
-    def __init__(self, partitions: int) -> None:
+    def __init__(self, partitions: int, bootstrap: str = KAFKA_BOOTSTRAP) -> None:
         tag = uuid.uuid4().hex[:10]
+        self.bootstrap = bootstrap
         self.topic = f"kafka-{tag}"
         self.group = f"g-{tag}"
         self.table = unique_table()
@@ -45,7 +48,7 @@ class Env:
         self.store: Any = None
         from confluent_kafka import Producer
 
-        self.producer = Producer({"bootstrap.servers": KAFKA_BOOTSTRAP, "linger.ms": 1})
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
 
     async def start(self) -> None:
         from onceonly.brokers._kafka_wire import ensure_topics
@@ -56,12 +59,12 @@ class Env:
             await loop.run_in_executor(
                 None,
                 ensure_topics,
-                {"bootstrap.servers": KAFKA_BOOTSTRAP},
+                {"bootstrap.servers": self.bootstrap},
                 [(self.topic, self.partitions)],
                 5.0,
             )
         except Exception:
-            unavailable(f"Kafka (Tansu) at {KAFKA_BOOTSTRAP}")
+            unavailable(f"Kafka (Tansu) at {self.bootstrap}")
         self.store = onceonly.open_async_store(PG_URL, table=self.table, outbox_table=None)
         await self.store.migrate()
         async with self.store.transaction() as tx:
@@ -106,7 +109,7 @@ class Env:
             handler,
             topics=[self.topic],
             group=self.group,
-            bootstrap=KAFKA_BOOTSTRAP,
+            bootstrap=self.bootstrap,
             config=KAFKA_FAST_JOIN,
             positions_table=f"{self.table}_pos",
             **options,
@@ -118,7 +121,7 @@ class Env:
             "table": self.table,
             "topic": self.topic,
             "group": self.group,
-            "bootstrap": KAFKA_BOOTSTRAP,
+            "bootstrap": self.bootstrap,
             "mode": "work",
             **config,
         }
@@ -221,14 +224,36 @@ async def test_offsets_commit_with_the_effects_in_key_order(env2: Env) -> None:
     assert all(c == h for c, h in marks)
 
 
+async def test_a_batch_writes_each_partitions_position_once(env2: Env) -> None:
+    """Batches of 40: the position of a partition is written once per batch (in the
+    batch's transaction, after its records), not once per record; every record once."""
+    n = 80
+    await env2.send([(f"k{i}", {"id": f"r{i}"}) for i in range(n)])
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        await tx.execute(f"INSERT INTO {env2.table}_ledger (id) VALUES (?)", (payload["id"],))
+
+    inbox = onceonly.AsyncInbox(env2.store, consumer="c")
+    async with env2.consumer(inbox, handler, batch_size=40, batch_wait=0.2):
+        await eventually(lambda: _count(env2, n))
+        async with env2.store.transaction() as tx:
+            cur = await tx.execute(f"SELECT part, writes FROM {env2.table}_pos")
+            writes = dict(await cur.fetchall())
+    rows = await env2.ledger()
+    assert len(rows) == n and len(set(rows)) == n
+    # 1 claim + at most one write per batch (a handful), never one per record (~40)
+    assert len(writes) == 2 and all(w <= 8 for w in writes.values()), writes
+
+
 async def _count(env: Env, n: int) -> bool:
     return len(await env.ledger()) >= n
 
 
-async def test_a_zombies_transaction_is_fenced_and_rolls_back(env2: Env) -> None:
+@pytest.mark.parametrize("batch_size", [1, 2])
+async def test_a_zombies_transaction_is_fenced_and_rolls_back(env2: Env, batch_size: int) -> None:
     """Another member takes the partition (its epoch) while a handler runs: that run's
-    transaction fails at its position write and rolls back its effect; the record is
-    processed once, by the next owner of the partition."""
+    transaction (alone, or its whole batch) fails at its position write and rolls back its
+    effect; the record is processed once, by the next owner of the partition."""
     gate = asyncio.Event()
     runs: list[int] = []
 
@@ -242,7 +267,9 @@ async def test_a_zombies_transaction_is_fenced_and_rolls_back(env2: Env) -> None
 
     await env2.send([("a", {"id": "a"}), ("b", {"id": "b"})])
     inbox = onceonly.AsyncInbox(env2.store, consumer="c")
-    async with env2.consumer(inbox, handler, ordering="partition"):
+    # one at a time (ordering="partition": a batch waits behind the gate), or a batch of 2
+    batched = {"batch_size": 2, "batch_wait": 1.0} if batch_size > 1 else {"ordering": "partition"}
+    async with env2.consumer(inbox, handler, **batched):
         await eventually(lambda: _true(len(runs) == 1))
         async with env2.store.transaction() as tx:  # a new member claims every partition
             await tx.execute(f"UPDATE {env2.table}_pos SET epoch = epoch + 1")
@@ -256,6 +283,10 @@ async def test_a_zombies_transaction_is_fenced_and_rolls_back(env2: Env) -> None
 
 async def _true(v: bool) -> bool:
     return v
+
+
+async def _has(env: Env, ids: set[str]) -> bool:
+    return ids <= set(await env.ledger())
 
 
 async def test_kill_9_mid_batch_loses_and_doubles_nothing(env2: Env) -> None:
@@ -353,3 +384,166 @@ async def test_record_that_kills_the_worker_is_dead_lettered(env2: Env) -> None:
 async def _dead(env: Env) -> bool:
     loop = asyncio.get_running_loop()
     return bool(await loop.run_in_executor(None, kafka_read_all, f"{env.topic}.dead"))
+
+
+@pytest.fixture
+async def proxied(tmp_path: Path) -> AsyncIterator[tuple[Env, TcpProxy]]:
+    """A private Tansu whose advertised listener is a TCP proxy in front of it: every
+    connection of the clients goes through the proxy, which the test cuts."""
+    binary = tansu_binary()
+    if binary is None:
+        unavailable("the Tansu binary (scripts/services kafka)")
+    tansu = Tansu(binary, tmp_path / "tansu.log")
+    proxy = TcpProxy("127.0.0.1", tansu.port).start()
+    try:
+        tansu.start(advertised=proxy.port)
+        env = Env(partitions=2, bootstrap=f"127.0.0.1:{proxy.port}")
+        await env.start()
+        try:
+            yield env, proxy
+        finally:
+            await env.close()
+    finally:
+        proxy.close()
+        tansu.stop()
+
+
+async def test_connections_cut_through_a_proxy(proxied: tuple[Env, TcpProxy]) -> None:
+    """While a consumer runs, every connection to the broker is cut again and again (reset,
+    a fetch or commit that never arrives, answers that never come back): every record
+    once in the ledger, positions never backwards, the consumer reconnected each time."""
+    env, proxy = proxied
+    n = 300
+    await env.send([(f"k{i % 9}", {"id": f"r{i}"}) for i in range(n)])
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        await tx.execute(f"INSERT INTO {env.table}_ledger (id) VALUES (?)", (payload["id"],))
+        await asyncio.sleep(0.005)
+
+    inbox = onceonly.AsyncInbox(env.store, consumer="c")
+    watch = Watch(env)
+    cuts: list[int] = []
+    async with env.consumer(inbox, handler, concurrency=4, batch_size=5):
+        await eventually(lambda: _count(env, 20))
+        for i in range(6):
+            if len(await env.ledger()) >= n:
+                break
+            cuts.append(len(await env.ledger()))
+            if i % 3 == 0:
+                proxy.drop()
+            else:
+                proxy.arm(lose="requests" if i % 3 == 1 else "replies", blackout=0.3)
+            await asyncio.sleep(1.0)
+        await eventually(lambda: _count(env, n), timeout=60)
+        await asyncio.sleep(1.0)  # anything still coming would show up as a duplicate
+    await watch.stop()
+    rows = await env.ledger()
+    assert len(rows) == n and len(set(rows)) == n  # none lost, none doubled
+    assert watch.backwards == []
+    assert cuts and cuts[0] < n  # cut mid-stream
+    assert proxy.dropped >= 1 and proxy.accepted_after_drop >= 1  # reconnected
+
+
+async def test_rebalance_forced_every_few_seconds(env2: Env) -> None:
+    """A second member joins and leaves again and again while records flow (batches on
+    one member, single records on the other): every record once, positions never
+    backwards, and each partition really changed hands (its epoch counts assignments)."""
+    n, cycles = 300, 4
+    inbox = onceonly.AsyncInbox(env2.store, consumer="c")
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        await tx.execute(f"INSERT INTO {env2.table}_ledger (id) VALUES (?)", (payload["id"],))
+        await asyncio.sleep(0.01)
+
+    sent = 0
+
+    async def feed(upto: int) -> None:
+        nonlocal sent
+        await env2.send([(f"k{i % 11}", {"id": f"r{i}"}) for i in range(sent, upto)])
+        sent = upto
+
+    watch = Watch(env2)
+    await feed(n // (cycles + 1))
+    async with env2.consumer(inbox, handler, concurrency=4, batch_size=4, batch_wait=0.05):
+        await eventually(lambda: _count(env2, 10))
+        for c in range(cycles):
+            async with env2.consumer(inbox, handler, concurrency=2):
+                await feed(n * (c + 2) // (cycles + 1))
+                await asyncio.sleep(2.5)
+            await asyncio.sleep(0.5)
+        await eventually(lambda: _count(env2, n), timeout=60)
+        await asyncio.sleep(1.0)  # anything still coming would show up as a duplicate
+    await watch.stop()
+    rows = await env2.ledger()
+    assert len(rows) == n and len(set(rows)) == n  # none lost, none doubled
+    assert watch.backwards == []
+    async with env2.store.transaction() as tx:
+        cur = await tx.execute(f"SELECT part, epoch FROM {env2.table}_pos")
+        epochs = dict(await cur.fetchall())
+    # the first assignment, then at least one move per join or leave for some partition
+    assert sum(epochs.values()) >= 2 + cycles, epochs
+
+
+@pytest.fixture
+async def env1() -> AsyncIterator[Env]:
+    e = Env(partitions=1)
+    await e.start()
+    try:
+        yield e
+    finally:
+        await e.close()
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+async def test_a_crash_with_an_earlier_record_in_flight_runs_it_again(
+    env1: Env, batch_size: int
+) -> None:
+    """One partition; the first record's handler hangs while later ones (other keys)
+    commit, then the process is SIGKILLed. The position stored stays at the record in
+    flight (never past it), so the restarted consumer runs it: every record once."""
+    n = 4
+    await env1.send([(f"k{i}", {"id": f"r{i}"}) for i in range(n)])
+    proc = env1.worker(batch_size=batch_size, concurrency=4, block=["r0"])
+    try:
+        # alone: r1..r3 commit; batches of 2: [r0, r1] hangs, [r2, r3] commits
+        done = {"r1", "r2", "r3"} if batch_size == 1 else {"r2", "r3"}
+        await eventually(lambda: _has(env1, done))
+        await asyncio.sleep(0.5)  # a position write that would follow has happened
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert "r0" not in await env1.ledger()
+        assert (await env1.positions()).get(0, 0) <= 0  # not past the record in flight
+        proc = env1.worker(batch_size=batch_size, concurrency=4)
+        await eventually(lambda: _count(env1, n), timeout=40)
+        await asyncio.sleep(0.5)
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    rows = await env1.ledger()
+    assert sorted(rows) == [f"r{i}" for i in range(n)]  # r0 ran after the restart, once
+
+
+@pytest.mark.parametrize("precount", [False, True])
+async def test_an_inbox_that_cannot_count_crashes_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, precount: bool
+) -> None:
+    """Kafka keeps no delivery count: on an atomic inbox that does not pre-count
+    attempts, a record that kills the worker would run after every restart, never
+    dead-lettered. Creating such a consumer warns and names the fix; a pre-counting
+    inbox is not warned about (test_record_that_kills_the_worker_is_dead_lettered)."""
+    store = onceonly.open_async_store(f"sqlite:///{tmp_path / 'inbox.db'}")
+    inbox = onceonly.AsyncInbox(store, consumer="c", precount_attempts=precount)
+    caplog.set_level("WARNING", logger="onceonly.brokers.kafka")
+    try:
+        KafkaConsumer(inbox, _nothing, topics=["t"], group="g", bootstrap=KAFKA_BOOTSTRAP)
+    finally:
+        await store.close()
+    warned = [r for r in caplog.records if "precount_attempts=True" in r.getMessage()]
+    assert (warned == []) is precount
+    if not precount:
+        assert warned[0].levelname == "WARNING"
+        assert "never dead-lettered" in warned[0].getMessage()
+
+
+async def _nothing(payload: Any, tx: onceonly.AsyncTx) -> None:
+    return None

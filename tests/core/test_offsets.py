@@ -39,6 +39,8 @@ def test_the_watermark_stops_at_the_first_unsettled_record() -> None:
     assert p.watermark() == 5
     assert p.watermark(but=5) == 7
     assert p.watermark(but=7) == 5
+    assert p.watermark(but={5, 7}) == 8
+    assert p.watermark(but=[7, 6]) == 5
     p.settle(5)
     assert p.watermark() == 7
     p.settle(7)

@@ -33,7 +33,12 @@ BROKER_URLS = {
     # moto_server (a real HTTP process speaking the SQS API: no SQS runs on these
     # machines); the test starts one when this is empty (tests/brokers/_kits.py)
     "sqs": os.environ.get("ONCEONLY_TEST_SQS", ""),
+    # Tansu 0.6.0, a Kafka-compatible broker (not Apache Kafka): scripts/services kafka
+    "kafka": "kafka://" + os.environ.get("ONCEONLY_TEST_KAFKA", "127.0.0.1:9092"),
 }
+#: the client settings of the Kafka consumers: group joins in seconds on Tansu
+KAFKA_FAST_JOIN = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}
+KAFKA_PARTITIONS = 2
 #: what the SQS clients of every process pass besides the endpoint (moto takes any)
 SQS_OPTIONS = {"region_name": "us-east-1", "aws_access_key_id": "t", "aws_secret_access_key": "t"}
 BROKERS = tuple(BROKER_URLS)
@@ -86,6 +91,10 @@ class Names:
     def nats_stream(self) -> str:
         return self.prefix.upper()
 
+    @property
+    def kafka_positions(self) -> str:
+        return f"{self.prefix}_pos"  # the Kafka consumer's positions table
+
 
 def die() -> None:
     """Die like a power cut: no cleanup, no rollback, no ack, no exit handlers."""
@@ -121,7 +130,7 @@ def via(url: str, port: int) -> str:
 
 def host_port(url: str) -> tuple[str, int]:
     parts = urllib.parse.urlsplit(url)
-    default = {"amqp": 5672, "nats": 4222, "redis": 6379, "http": 80}[parts.scheme]
+    default = {"amqp": 5672, "nats": 4222, "redis": 6379, "http": 80, "kafka": 9092}[parts.scheme]
     return parts.hostname or "127.0.0.1", parts.port or default
 
 
@@ -146,6 +155,10 @@ def make_publisher(broker: str, url: str) -> Any:
         from onceonly.brokers.sqs import SqsPublisher
 
         return SqsPublisher(timeout=5.0, endpoint_url=url, **SQS_OPTIONS)
+    if broker == "kafka":
+        from onceonly.brokers.kafka import KafkaPublisher
+
+        return KafkaPublisher(url, timeout=5.0)
     raise ValueError(broker)
 
 
@@ -216,6 +229,24 @@ def make_consumer(
             endpoint_url=url,
             **SQS_OPTIONS,
         )
+    if broker == "kafka":
+        from onceonly.brokers._kafka_publisher import bootstrap_of
+        from onceonly.brokers.kafka import KafkaConsumer
+
+        return KafkaConsumer(
+            inbox,
+            handler,
+            topics=[names.topic],
+            group=names.prefix,  # one group per pipeline (its positions rows too)
+            bootstrap=bootstrap_of(url),
+            config=KAFKA_FAST_JOIN,
+            positions_table=names.kafka_positions,
+            partitions=KAFKA_PARTITIONS,
+            concurrency=CONCURRENCY,
+            retry_delay=0.2,
+            max_backoff=1.0,
+            shutdown_timeout=10.0,
+        )
     raise ValueError(broker)
 
 
@@ -266,6 +297,17 @@ def patch_acks(broker: str, on_ack: Any) -> None:
             await original_delete(self, d)
 
         transport_cls.ack = delete
+    elif broker == "kafka":
+        from onceonly.brokers._kafka_transport import KafkaTransport
+
+        kafka_cls: Any = KafkaTransport
+        original_settle = kafka_cls.ack
+
+        async def settle(self: Any, d: Any) -> None:  # the record settled: offsets may move
+            on_ack(1)
+            await original_settle(self, d)
+
+        kafka_cls.ack = settle
     else:
         raise ValueError(broker)
 
@@ -294,6 +336,11 @@ async def reachable(broker: str, url: str) -> bool:
         elif broker == "sqs":
             async with _sqs(url) as client:
                 await asyncio.wait_for(client.list_queues(), 5)
+        elif broker == "kafka":
+            from onceonly.brokers._kafka_wire import partitions_of
+
+            config = _kafka_config(url)
+            await asyncio.get_running_loop().run_in_executor(None, partitions_of, config, [], 5.0)
         else:
             import redis.asyncio
 
@@ -342,6 +389,12 @@ async def prepare_broker(broker: str, url: str, names: Names) -> None:
         async with _sqs(url) as client:
             for queue in (names.topic, names.sqs_dead):
                 await client.create_queue(QueueName=queue)
+    elif broker == "kafka":
+        from onceonly.brokers._kafka_wire import ensure_topics
+
+        topics = [(names.topic, KAFKA_PARTITIONS), (names.dead, KAFKA_PARTITIONS)]
+        config = _kafka_config(url)
+        await asyncio.get_running_loop().run_in_executor(None, ensure_topics, config, topics)
     else:
         import redis.asyncio
 
@@ -383,6 +436,16 @@ async def cleanup_broker(broker: str, url: str, names: Names) -> None:
                 with contextlib.suppress(Exception):
                     found = await client.get_queue_url(QueueName=queue)
                     await client.delete_queue(QueueUrl=found["QueueUrl"])
+    elif broker == "kafka":
+        from confluent_kafka.admin import AdminClient
+
+        def delete() -> None:
+            admin = AdminClient(_kafka_config(url))
+            for future in admin.delete_topics([names.topic, names.dead]).values():
+                with contextlib.suppress(Exception):
+                    future.result(5)
+
+        await asyncio.get_running_loop().run_in_executor(None, delete)
     else:
         import redis.asyncio
 
@@ -391,6 +454,12 @@ async def cleanup_broker(broker: str, url: str, names: Names) -> None:
             await client.delete(names.topic, names.dead)
         finally:
             await client.aclose()
+
+
+def _kafka_config(url: str) -> dict[str, Any]:
+    from onceonly.brokers._kafka_publisher import bootstrap_of
+
+    return {"bootstrap.servers": bootstrap_of(url)}
 
 
 def _sqs(url: str) -> Any:

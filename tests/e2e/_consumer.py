@@ -25,7 +25,7 @@ from collections import Counter
 from typing import Any
 
 import onceonly
-from tests.e2e._common import PG_URL, Names, die, make_consumer, patch_acks, write_json
+from tests.e2e._common import BROKERS, PG_URL, Names, die, make_consumer, patch_acks, write_json
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -93,7 +93,7 @@ async def main(args: argparse.Namespace) -> int:
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefix", required=True)
-    parser.add_argument("--broker", required=True, choices=("rabbitmq", "nats", "redis", "sqs"))
+    parser.add_argument("--broker", required=True, choices=BROKERS)
     parser.add_argument("--broker-url", required=True)
     parser.add_argument("--pg", default=PG_URL)
     parser.add_argument("--status", required=True)

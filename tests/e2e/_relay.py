@@ -22,7 +22,7 @@ from typing import Any
 
 import onceonly
 from onceonly.messaging import OutboxMessage
-from tests.e2e._common import PG_URL, Names, die, make_publisher, write_json
+from tests.e2e._common import BROKERS, PG_URL, Names, die, make_publisher, write_json
 
 
 class KillAfterConfirms:
@@ -97,7 +97,7 @@ async def main(args: argparse.Namespace) -> int:
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefix", required=True)
-    parser.add_argument("--broker", required=True, choices=("rabbitmq", "nats", "redis", "sqs"))
+    parser.add_argument("--broker", required=True, choices=BROKERS)
     parser.add_argument("--broker-url", required=True)
     parser.add_argument("--pg", default=PG_URL)
     parser.add_argument("--status", required=True)

@@ -14,8 +14,8 @@ Rules (pure: no I/O, no clock reads; the caller passes ``now``):
 * **The watermark.** The offset to commit is the lowest offset received and not
   settled, or, when every record received is settled, the offset after the last one.
   Every record before the watermark is settled; nothing at or after it is assumed.
-  :meth:`PartitionOrder.watermark` can leave out one record (``but=``): the position a
-  transaction that settles that record may write.
+  :meth:`PartitionOrder.watermark` can leave out records (``but=``): the position a
+  transaction that settles those records (one, or a batch's) may write.
 * **Lost.** A partition taken away (a rebalance) hands out nothing more; what it
   still holds keeps the watermark where it is.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -137,11 +138,12 @@ class PartitionOrder(Generic[R]):
         while self._order and self._order[0] not in self._slots:
             self._order.popleft()
 
-    def watermark(self, but: int | None = None) -> int:
-        """Every record before the returned offset is settled (``but``: as if that one
-        were settled too)."""
+    def watermark(self, but: int | Collection[int] = ()) -> int:
+        """Every record before the returned offset is settled (``but``: as if that
+        offset, or those offsets, were settled too)."""
+        skip = (but,) if isinstance(but, int) else but
         for offset in self._order:
-            if offset in self._slots and offset != but:
+            if offset in self._slots and offset not in skip:
                 return offset
         return self.next
 

@@ -52,6 +52,7 @@ from onceonly._core.settle import (
 from onceonly.brokers._ids import MessageIds, decode_body, valid_id
 from onceonly.errors import ConfigurationError, InvalidKey, StoreUnavailable
 from onceonly.inbox_async import AsyncInbox, AsyncTx
+from onceonly.inbox_batch_async import BatchItem
 from onceonly.inbox_leased_async import AsyncLeasedTx
 from onceonly.leased_async import AsyncClaim
 from onceonly.messaging import Delivery
@@ -59,6 +60,7 @@ from onceonly.outcome import Outcome
 
 __all__ = [
     "DELIVERY_MARGIN",
+    "BatchRunner",
     "Deliveries",
     "Handler",
     "InFlightTracker",
@@ -74,6 +76,8 @@ __all__ = [
 log = logging.getLogger("onceonly.brokers")
 
 Handler = Callable[[Any, AsyncTx], Awaitable[Any]]
+#: ``batch(items, handler)``: a batch's transaction in place of ``inbox.process_batch``.
+BatchRunner = Callable[[list[BatchItem], Handler], Awaitable[list[Outcome[Any]]]]
 
 #: Deliveries allowed beyond the inbox's ``max_attempts`` by default: one to learn
 #: that the key is dead, the rest for deliveries that end without a verdict (a crash,
@@ -142,6 +146,9 @@ class Deliveries:
             horizon and the inbox's ttl is shorter: ``"warn"`` (log a warning),
             ``"refuse"`` (raise :class:`ConfigurationError`) or ``"off"``
             (:mod:`onceonly._core.window`).
+        batch: runs a batch in place of ``inbox.process_batch`` (same arguments and
+            outcomes); a transport that writes its own state in the batch's transaction
+            (Kafka's positions) passes it.
     """
 
     def __init__(
@@ -154,6 +161,7 @@ class Deliveries:
         backoff: Backoff,
         logger: logging.Logger,
         dedup_window: str = "warn",
+        batch: BatchRunner | None = None,
     ) -> None:
         self.dedup_window = window.check_policy(dedup_window)
         if max_deliveries is None:
@@ -168,10 +176,17 @@ class Deliveries:
         self.max_deliveries = max_deliveries
         self.backoff = backoff
         self.log = logger
+        self._batch = batch
         self._random = random.Random()
 
     def jitter(self) -> float:
         return self._random.random()
+
+    async def process_batch(self, items: list[BatchItem], handler: Handler) -> list[Outcome[Any]]:
+        """The batch's inbox transaction (``inbox.process_batch``, or ``batch``)."""
+        if self._batch is not None:
+            return await self._batch(items, handler)
+        return await self.inbox.process_batch(items, handler)
 
     def check_window(self, bounds: list[window.Bound], where: str) -> None:
         """Hold the inbox's ttl against the broker's redelivery ``bounds`` (at start)."""

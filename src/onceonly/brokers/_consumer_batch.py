@@ -44,7 +44,7 @@ async def run_batch(
     while True:
         raised.clear()
         try:
-            outcomes = await dv.inbox.process_batch(items, handler)
+            outcomes = await dv.process_batch(items, handler)
             break
         except Exception as exc:
             by_handler = exc if any(e is exc for e in raised.values()) else None

@@ -45,7 +45,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from onceonly._core.offsets import PartitionOrder
+from onceonly._core.offsets import PartitionOrder, Slot
 from onceonly._core.window import Bound
 from onceonly.brokers import _kafka_wire as wire
 from onceonly.brokers._kafka_positions import PartitionLost, Positions
@@ -519,6 +519,52 @@ class KafkaTransport:
             self._fenced(key, part)
             raise
         slot.wrote = max(slot.wrote, mark)
+
+    async def write_positions(
+        self, tx: Any, records: Sequence[Message], settled: Sequence[Message]
+    ) -> list[tuple[Slot[Message], int]]:
+        """In a batch's transaction ``tx`` (``execute``): per partition of ``records``,
+        the position once ``settled`` (those the batch committed) are settled, written
+        fenced by the epoch even when it does not move. Returns what to record once
+        ``tx`` committed (:meth:`positions_committed`).
+
+        Raises:
+            PartitionLost: a partition of ``records`` was reassigned or is owned by a
+                newer member: the whole transaction must roll back.
+        """
+        positions = self.positions
+        out: list[tuple[Slot[Message], int]] = []
+        if positions is None:
+            return out
+        done: dict[TP, list[int]] = {}
+        parts: dict[TP, PartitionOrder[Message]] = {}
+        for m in records:
+            owned = self._part_of(m)
+            if owned is None:
+                raise PartitionLost(f"{wire.record_id(m)}: its partition was reassigned")
+            parts[owned[0]] = owned[1]
+            done.setdefault(owned[0], [])
+        for m in settled:
+            owned = self._part_of(m)
+            offset = m.offset()
+            if owned is not None and offset is not None:
+                done[owned[0]].append(offset)
+        for key in sorted(parts):  # one order of row locks: concurrent batches never deadlock
+            part = parts[key]
+            mark = part.watermark(but=done[key])
+            try:
+                await positions.write_in(tx, key[0], key[1], mark, self._epochs[key])
+            except PartitionLost:
+                self._fenced(key, part)
+                raise
+            out.extend((s, mark) for o in done[key] if (s := part.slot(o)) is not None)
+        return out
+
+    def positions_committed(self, written: Sequence[tuple[Slot[Message], int]]) -> None:
+        """The batch's transaction committed the positions :meth:`write_positions` wrote:
+        each record's settlement now moves :attr:`PartitionOrder.stored` to it."""
+        for slot, mark in written:
+            slot.wrote = max(slot.wrote, mark)
 
     def _fenced(self, key: TP, part: PartitionOrder[Message]) -> None:
         """Another member bumped the partition's epoch: this member is a zombie for it.

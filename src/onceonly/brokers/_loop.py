@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 from onceonly._core.deadletter import envelope
 from onceonly._core.settle import Action, Backoff
 from onceonly.brokers._consumer import (
+    BatchRunner,
     Deliveries,
     Handler,
     InFlightTracker,
@@ -103,6 +104,7 @@ class ConsumerLoop:
         logger: logging.Logger,
         batch_size: int = 1,
         batch_wait: float = 0.01,
+        batch: BatchRunner | None = None,
     ) -> None:
         if batch_size < 1 or not batch_wait >= 0:
             raise ConfigurationError("batch_size must be at least 1 and batch_wait >= 0")
@@ -121,6 +123,7 @@ class ConsumerLoop:
             backoff=Backoff(retry_delay, max_backoff),
             logger=logger,
             dedup_window=dedup_window,
+            batch=batch,
         )
         self.max_deliveries = self.deliveries.max_deliveries
         self.batch_size = batch_size

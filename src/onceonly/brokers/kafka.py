@@ -34,7 +34,9 @@ meanings of the other consumers:
   the backoff (records of its key wait behind it), and ``tx.delivery.delivery_count``
   counts this consumer's deliveries. A record that kills the worker is counted by the
   inbox when it pre-counts attempts (``AsyncInbox(precount_attempts=True)``), and is
-  dead-lettered once they reach ``max_attempts``;
+  dead-lettered once they reach ``max_attempts``; with an atomic inbox that does not,
+  the consumer logs a warning when it is created (such a record would run again after
+  every restart, never dead-lettered);
 * dead letters go to ``<topic>.dead`` (created when missing) with the ``onceonly-*``
   headers, the original key and value;
 * rebalances: on revoke nothing more is taken from the lost partitions, running
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 try:
@@ -65,13 +68,18 @@ from onceonly.brokers._kafka_wire import client_config
 from onceonly.brokers._loop import ConsumerLoop
 from onceonly.errors import ConfigurationError
 from onceonly.inbox_async import AsyncInbox, AsyncTx
+from onceonly.inbox_batch_async import BatchItem
 from onceonly.inbox_leased_async import LEASED
+from onceonly.outcome import Outcome
 
 __all__ = ["KafkaConsumer", "KafkaPublisher", "PartitionLost"]
 
 log = logging.getLogger("onceonly.brokers.kafka")
 
 _SQL = ("postgresql", "sqlite", "mysql")
+
+#: set while a batch runs: its transaction writes the positions, not each handler
+_BATCHED: ContextVar[bool] = ContextVar("onceonly_kafka_batched", default=False)
 
 
 class KafkaConsumer(ConsumerLoop):
@@ -170,6 +178,15 @@ class KafkaConsumer(ConsumerLoop):
         if partitions < 1 or max_buffer < 1:
             raise ConfigurationError("partitions and max_buffer must be at least 1")
         self.offsets = offsets
+        if inbox.mode != LEASED and not inbox.precount_attempts:
+            log.warning(
+                "KafkaConsumer(group %r): the inbox does not pre-count attempts, so a record"
+                " whose handler kills the worker is never counted (Kafka keeps no delivery"
+                " count): it runs again after every restart and is never dead-lettered. Pass"
+                " AsyncInbox(..., precount_attempts=True) to count it (one more write per"
+                " record).",
+                group,
+            )
         positions = Positions(inbox.store, group, positions_table) if offsets == "store" else None
         named = message_id is not None and not (
             isinstance(message_id, MessageIds) and message_id.fallback is None
@@ -187,6 +204,7 @@ class KafkaConsumer(ConsumerLoop):
             logger=log,
             batch_size=batch_size,
             batch_wait=batch_wait,
+            batch=self._batch_with_positions if positions is not None else None,
         )
         self.topics = list(topics)
         self.group = group
@@ -209,11 +227,38 @@ class KafkaConsumer(ConsumerLoop):
         )
 
     def _with_position(self, handler: Handler) -> Handler:
-        """The handler, then the position write in its transaction (``offsets="store"``)."""
+        """The handler, then the position write in its transaction (``offsets="store"``);
+        in a batch the batch's transaction writes the positions once, at its end."""
 
         async def run(payload: Any, tx: AsyncTx) -> Any:
             result = await handler(payload, tx)
-            await self._transport.write_position(tx)
+            if not _BATCHED.get():
+                await self._transport.write_position(tx)
             return result
 
         return run
+
+    async def _batch_with_positions(
+        self, items: list[BatchItem], handler: Handler
+    ) -> list[Outcome[Any]]:
+        """A batch in one transaction: the inbox's batch joined to it, then one position
+        write per partition for the records it settled (``offsets="store"``).
+
+        The write is conditional on the member's epoch even when the position does not
+        move, so a zombie's whole batch rolls back (:class:`PartitionLost`)."""
+        inbox = self.inbox
+        async with inbox.store.transaction(None, lock_wait=inbox.wait) as outer:
+            batched = _BATCHED.set(True)
+            try:
+                outcomes = await inbox.process_batch(items, handler, connection=outer.connection)
+            finally:
+                _BATCHED.reset(batched)
+            records = [i.delivery.raw for i in items if i.delivery is not None]
+            settled = [
+                i.delivery.raw
+                for i, o in zip(items, outcomes, strict=True)
+                if o.error is None and i.delivery is not None
+            ]
+            written = await self._transport.write_positions(outer, records, settled)
+        self._transport.positions_committed(written)
+        return outcomes
