@@ -1,10 +1,12 @@
-"""Attack: a worker-killing message on a queue with two batch consumers.
+"""A worker-killing message on a quorum queue with two batch consumers: only it is
+dead-lettered (docs/brokers.md, "A worker that crashes").
 
-brokers.md: "run alone afterwards, only the poison message keeps crashing, so only it
-reaches max_deliveries and is dead-lettered". With two workers, the redeliveries of
-the first crash reach the surviving (widened) worker together with the poison one; the
-poison kills it again and every innocent message in flight there is counted a third
-time and dead-lettered as max-deliveries without ever committing: lost effects.
+The poison's first crash sends everything its worker held back, counted, to the other
+(widened) worker, together with the poison. There each redelivered message runs alone
+and exclusively, its attempt counted in the store first: the poison's second crash
+counts only the poison in the store, though the broker counts every message that worker
+held. A message the broker counts past ``max_deliveries`` is dead-lettered only when the
+store counted ``max_deliveries - 1`` attempts of its own; the others run and commit.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import pytest
 
 aio_pika = pytest.importorskip("aio_pika")
 import onceonly  # noqa: E402
+from tests.brokers._kits import AMQP_URL as AMQP  # noqa: E402
+from tests.conftest import PG_URL as PG  # noqa: E402
 
-AMQP = os.environ.get("ATTACK_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
-PG = os.environ.get("ATTACK_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+pytestmark = pytest.mark.timeout(120)
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 WORKER = r"""
@@ -54,7 +57,7 @@ asyncio.run(main())
 
 async def test_poison_with_two_batch_workers_dead_letters_only_the_poison(tmp_path):
     tag = uuid.uuid4().hex[:8]
-    queue, table = f"attack-two-{tag}", f"attack_two_{tag}"
+    queue, table = f"poison-two-{tag}", f"poison_two_{tag}"
     store = onceonly.open_async_store(PG)
     await store.migrate()
     async with store.transaction() as s:
@@ -76,18 +79,24 @@ async def test_poison_with_two_batch_workers_dead_letters_only_the_poison(tmp_pa
     env = dict(os.environ, PYTHONPATH=SRC)
     args = [sys.executable, str(script), PG, queue, table, AMQP]
     log = (tmp_path / "workers.log").open("w")
-    procs = [subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env) for _ in range(2)]
+    procs = [
+        subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env) for _ in range(2)
+    ]
     try:
         await asyncio.sleep(3)
         # one fresh message each: both workers leave the cautious start
         for i in range(2):
             body = json.dumps({"n": f"warm{i}"}).encode()
-            await ch.default_exchange.publish(aio_pika.Message(body, message_id=f"warm{i}"), routing_key=queue)
+            await ch.default_exchange.publish(
+                aio_pika.Message(body, message_id=f"warm{i}"), routing_key=queue
+            )
         await asyncio.sleep(1.5)
         for i in range(9):
             payload = {"n": i, "poison": True} if i == 0 else {"n": i}
             body = json.dumps(payload).encode()
-            await ch.default_exchange.publish(aio_pika.Message(body, message_id=f"m{i}"), routing_key=queue)
+            await ch.default_exchange.publish(
+                aio_pika.Message(body, message_id=f"m{i}"), routing_key=queue
+            )
         deadline = time.monotonic() + 45
         while time.monotonic() < deadline:
             await asyncio.sleep(0.2)
@@ -99,7 +108,10 @@ async def test_poison_with_two_batch_workers_dead_letters_only_the_poison(tmp_pa
             async with store.session() as s:
                 cur = await s.execute(f"SELECT count(DISTINCT n) FROM {table}")
                 done = (await cur.fetchone())[0]
-            if main_q.declaration_result.message_count == 0 and done + dead_q.declaration_result.message_count >= 11:
+            if (
+                main_q.declaration_result.message_count == 0
+                and done + dead_q.declaration_result.message_count >= 11
+            ):
                 break
         await asyncio.sleep(1)
     finally:
