@@ -477,6 +477,29 @@ async def test_message_id_given_is_the_key_over_the_broker_id(
     assert await kit.dead() == []
 
 
+@pytest.mark.parametrize("path", ["field", "callable"])
+async def test_message_id_value_must_be_a_string_or_an_int(kit: Kit, store: Any, path: str) -> None:
+    """A field's value or a callable's result: a string is the key as is, an int its
+    decimal text; an object, a list, a float, a bool is refused as ``invalid-id`` (an
+    object's key order would give one event two keys), the same on both paths."""
+    keys: list[str] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        keys.append(tx.key)
+
+    option: Any = (lambda p: p["event_id"]) if path == "callable" else "event_id"
+    values: list[Any] = [{"order": "o-1", "line": 1}, ["o", 1], 1.5, True, "e-1", 7]
+    for i, value in enumerate(values):
+        await kit.send({"event_id": value}, message_id=f"broker-{i}")
+    async with kit.consumer(inbox(store), handler, message_id=option):
+        await eventually(lambda: dead_count(kit, 4))
+        await eventually(lambda: _true(len(keys) == 2))
+        await eventually(lambda: kit.settled())
+    assert sorted(keys) == ["7", "e-1"]
+    reasons = [h["onceonly-dead-reason"] for _, h in await kit.dead()]
+    assert reasons == ["invalid-id"] * 4
+
+
 async def test_message_ids_fallback_takes_the_broker_id_first(kit: Kit, store: Any) -> None:
     """MessageIds(fallback=...): the broker's id first (two ids: two runs), the fallback
     only for a message without one."""

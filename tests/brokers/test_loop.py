@@ -5,6 +5,8 @@ contract suite cannot provoke on a real broker without breaking it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -16,6 +18,7 @@ from onceonly._core.deadletter import envelope
 from onceonly._core.settle import Action, Verdict
 from onceonly.brokers._transport import Incoming
 from onceonly.testing import MemoryBroker, MemoryConsumer
+from tests.conftest import require_postgres
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -73,7 +76,22 @@ async def test_a_failed_dead_letter_is_not_acked_and_comes_back(store: Any) -> N
     assert broker.depth("q") == 0
 
 
+async def crashed_alone(store: Any, key: str, payload: Any, times: int) -> None:
+    """Leave ``times`` attempts of ``key`` counted and unfinished, as runs that killed
+    their worker leave them (the attempt counted before it ran, nothing after)."""
+    inbox = onceonly.AsyncInbox(store, consumer="loop", precount_attempts=True)
+
+    async def dies(payload: Any, tx: onceonly.AsyncTx) -> None:
+        raise asyncio.CancelledError  # the process ends here: nothing is recorded
+
+    for _ in range(times):
+        with contextlib.suppress(asyncio.CancelledError):
+            await inbox.process(key, payload, dies)
+
+
 async def test_a_delivery_past_max_deliveries_is_dead_lettered_unrun(store: Any) -> None:
+    """Counted past max_deliveries by the broker, with max_deliveries - 1 of its own
+    runs counted by the store (the first crash, as a fresh delivery, is not): poison."""
     broker = MemoryBroker()
     calls = 0
 
@@ -81,6 +99,7 @@ async def test_a_delivery_past_max_deliveries_is_dead_lettered_unrun(store: Any)
         nonlocal calls
         calls += 1
 
+    await crashed_alone(store, "m-1", {"n": 1}, 2)
     broker.send("q", {"n": 1}, message_id="m-1")
     broker.queue("q").ready[0].deliveries = 3  # crashed three times already
     async with consumer(store, broker, handler, max_deliveries=3):
@@ -89,6 +108,98 @@ async def test_a_delivery_past_max_deliveries_is_dead_lettered_unrun(store: Any)
     assert dead.headers["onceonly-dead-reason"] == "max-deliveries"
     assert dead.headers["onceonly-message-id"] == "m-1"
     assert calls == 0
+
+
+async def test_a_delivery_counted_for_other_crashes_still_runs_alone(store: Any) -> None:
+    """Counted past max_deliveries by the broker, but the store counted fewer than
+    max_deliveries - 1 runs of its own: the count holds crashes of messages it was
+    held with, so it runs (alone, its attempt counted first) and commits."""
+    broker = MemoryBroker()
+    calls: list[int] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        calls.append(tx.attempt)
+
+    await crashed_alone(store, "m-1", {"n": 1}, 1)
+    broker.send("q", {"n": 1}, message_id="m-1")
+    broker.queue("q").ready[0].deliveries = 5  # held by workers that crashed
+    async with consumer(store, broker, handler, max_deliveries=3):
+        await eventually(lambda: broker.depth("q") == 0 and bool(broker.acked.get("q")))
+    assert calls == [2]  # the crash it had was counted; this is its second attempt
+    assert not broker.dead_letters.get("q.dead")
+
+
+async def test_a_redelivered_delivery_runs_with_nothing_else_running(store: Any) -> None:
+    """A redelivered delivery waits for the running handlers and no other starts while
+    it runs: a crash during it takes no other message in flight with it."""
+    broker = MemoryBroker()
+    running: set[str] = set()
+    overlaps: list[tuple[str, set[str]]] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        if payload.get("suspect") or running & {"s"}:
+            overlaps.append((tx.key, set(running)))
+        running.add(tx.key)
+        await asyncio.sleep(0.05)
+        running.discard(tx.key)
+
+    for i in range(4):
+        broker.send("q", {"n": i}, message_id=f"f-{i}")
+    broker.send("q", {"n": 9, "suspect": True}, message_id="s")
+    broker.queue("q").ready[-1].deliveries = 2  # redelivered
+    for i in range(4, 8):
+        broker.send("q", {"n": i}, message_id=f"f-{i}")
+    async with consumer(store, broker, handler, concurrency=4):
+        await eventually(lambda: len(broker.acked.get("q", [])) == 9)
+    assert ("s", set()) in overlaps
+    assert all(not others for _, others in overlaps), overlaps
+
+
+async def test_concurrency_counts_a_batch_as_one_transaction(store: Any) -> None:
+    """concurrency=2, batch_size=4: four deliveries may be in flight (room for a batch),
+    but at most two transactions run at once, however small the batches are."""
+    broker = MemoryBroker()
+    running = most = 0
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.15)
+        running -= 1
+
+    async with consumer(store, broker, handler, concurrency=2, batch_size=4, batch_wait=0):
+        for i in range(6):  # one at a time: each a batch of its own
+            broker.send("q", {"n": i}, message_id=f"m-{i}")
+            await asyncio.sleep(0.02)
+        await eventually(lambda: len(broker.acked.get("q", [])) == 6)
+    assert most == 2
+
+
+@pytest.mark.parametrize(("concurrency", "warned"), [(4, False), (12, True)])
+async def test_pool_warning_counts_transactions_not_batch_size(
+    caplog: pytest.LogCaptureFixture, concurrency: int, warned: bool
+) -> None:
+    """A batch holds one connection: concurrency=4, batch_size=16 fits a pool of 10;
+    concurrency=12 does not."""
+    pg = onceonly.open_async_store(require_postgres(), max_size=10)
+    try:
+        broker = MemoryBroker()
+
+        async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+            pass
+
+        inbox = onceonly.AsyncInbox(pg, consumer="loop")
+        c = MemoryConsumer(
+            inbox, handler, broker=broker, queue="q", concurrency=concurrency, batch_size=16
+        )
+        with caplog.at_level(logging.WARNING):
+            async with c:
+                pass
+    finally:
+        await pg.close()
+    said = [r.getMessage() for r in caplog.records if "pool has" in r.getMessage()]
+    assert bool(said) is warned, said
 
 
 async def test_concurrency_bounds_the_running_handlers(store: Any) -> None:

@@ -685,3 +685,25 @@ async def test_one_body_published_twice_by_aio_pika_runs_once(
     assert len(set(calls)) == len(calls)
     assert sorted(db.ledger()) == sorted(calls)
     assert await broker.count(f"{queue}.dead") == 0
+
+
+@pytest.mark.parametrize("content_type", ["text/json", "text/json; charset=utf-8"])
+async def test_text_json_content_type_is_parsed_as_json(
+    broker: Broker, db: Db, content_type: str
+) -> None:
+    """``text/json`` (an older name some producers still send) is JSON, as
+    ``application/json`` is: the handler gets the parsed payload, not bytes."""
+    queue = broker.name()
+    got: list[Any] = []
+
+    async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
+        got.append(payload)
+
+    async with consumer(db, handler, queue):
+        channel = await broker.chan()
+        await channel.default_exchange.publish(
+            aio_pika.Message(b'{"n": 1}', message_id="m-1", content_type=content_type),
+            routing_key=queue,
+        )
+        await until(lambda: len(got) == 1)
+    assert got == [{"n": 1}]

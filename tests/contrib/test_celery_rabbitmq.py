@@ -139,14 +139,15 @@ def _crash_and_redeliver_to_w1(
 
 
 def test_sigkill_mid_task_with_acks_late_redelivers_and_commits_once(kit: Kit) -> None:
-    """Atomic mode: the killed run committed nothing; the redelivery writes the row once."""
+    """Atomic mode: the killed run committed nothing but its precounted attempt; the
+    redelivery writes the row once, as attempt 2."""
     tag = uuid.uuid4().hex
 
     def nothing_committed() -> None:
         assert kit.rows(tag) == 0
 
     task_id, result = _crash_and_redeliver_to_w1(kit, "t.crashy", tag, killed=nothing_committed)
-    assert result == {"redelivered": True, "attempt": 1}
+    assert result == {"redelivered": True, "attempt": 2}  # the killed run was counted
     assert kit.rows(tag) == 1
     assert kit.done(task_id) == ["w1"]
 

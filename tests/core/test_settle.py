@@ -19,6 +19,7 @@ from onceonly._core.settle import (
     admit,
     describe,
     header_text,
+    still_suspect,
     verdict,
 )
 
@@ -270,3 +271,15 @@ def test_describe_is_bounded_and_clean(message: str) -> None:
     text.encode("utf-8")
     assert "\x00" not in text
     assert len(text) <= MAX_ERROR_CHARS
+
+
+@pytest.mark.parametrize(
+    ("attempts", "max_deliveries", "runs"),
+    [(None, 3, True), (0, 3, True), (1, 3, True), (2, 3, False), (5, 3, False), (None, 1, False)],
+)
+def test_a_delivery_past_max_deliveries_runs_while_the_store_counted_too_few(
+    attempts: int | None, max_deliveries: int, runs: bool
+) -> None:
+    """The broker counts what a dead worker merely held: past max_deliveries, a message
+    is poison only once the store counted max_deliveries - 1 attempts of its own."""
+    assert still_suspect(attempts, max_deliveries) is runs

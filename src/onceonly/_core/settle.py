@@ -93,6 +93,7 @@ __all__ = [
     "admit",
     "describe",
     "header_text",
+    "still_suspect",
     "verdict",
 ]
 
@@ -215,6 +216,20 @@ def admit(delivery_count: int | None, max_deliveries: int) -> Verdict | None:
             ),
         )
     return None
+
+
+def still_suspect(attempts: int | None, max_deliveries: int) -> bool:
+    """Whether a delivery :func:`admit` refused may still run, by the attempts the store
+    counted for its key (``None``: no record).
+
+    The broker counts every delivery a dead worker held, so a message redelivered with
+    the poison one is counted for the poison's crashes. A redelivered message runs
+    alone, each of its attempts counted in the store before it runs; the first crash of
+    a message (as a fresh delivery) is counted by the broker only. So a message has
+    killed a worker ``max_deliveries`` times when the store counted ``max_deliveries -
+    1`` of its attempts: short of that, it runs again (alone, counted).
+    """
+    return (attempts or 0) < max_deliveries - 1
 
 
 def _dead(reason: str, exc: BaseException) -> Verdict:

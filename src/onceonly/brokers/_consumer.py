@@ -22,15 +22,19 @@ document nested too deep raises ``RecursionError``) or a message id that cannot 
 found is dead-lettered; a handler's exception is retried and counted.
 
 A message the broker has delivered more than ``max_deliveries`` times is
-dead-lettered without being decoded or handled. This is what ends a poison message
-that kills the worker: in atomic mode such a crash commits nothing, so the inbox's
-attempts never move, but the broker's count does.
+dead-lettered without being handled, once the store has counted ``max_deliveries - 1``
+attempts of its own (:meth:`Deliveries.still_suspect`). This is what ends a poison
+message that kills the worker: in atomic mode such a crash commits nothing, so only the
+attempt counted before a redelivered message runs (:meth:`Deliveries.run` with
+``counted``) records it, and the broker's count includes the crashes of the messages
+it was merely held with.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -47,13 +51,14 @@ from onceonly._core.settle import (
     Verdict,
     admit,
     header_text,
+    still_suspect,
     verdict,
 )
 from onceonly.brokers._ids import MessageIds, decode_body, valid_id
 from onceonly.errors import ConfigurationError, InvalidKey, StoreUnavailable
 from onceonly.inbox_async import AsyncInbox, AsyncTx
 from onceonly.inbox_batch_async import BatchItem
-from onceonly.inbox_leased_async import AsyncLeasedTx
+from onceonly.inbox_leased_async import LEASED, AsyncLeasedTx
 from onceonly.leased_async import AsyncClaim
 from onceonly.messaging import Delivery
 from onceonly.outcome import Outcome
@@ -178,6 +183,7 @@ class Deliveries:
         self.log = logger
         self._batch = batch
         self._random = random.Random()
+        self._counting = _precounting(inbox)
 
     def jitter(self) -> float:
         return self._random.random()
@@ -251,10 +257,13 @@ class Deliveries:
         delivery: Callable[[str], Delivery],
         delivery_count: int | None,
         label: str,
+        *,
+        poison_rule: bool = True,
     ) -> Settlement | Prepared:
-        """What comes before the inbox: the poison rule (:func:`admit`), decoding and
-        the message id. A :class:`Settlement` when the delivery ends here (unrun)."""
-        refused = admit(delivery_count, self.max_deliveries)
+        """What comes before the inbox: the poison rule (:func:`admit`; ``poison_rule``
+        false: not applied), decoding and the message id. A :class:`Settlement` when the
+        delivery ends here (unrun)."""
+        refused = admit(delivery_count, self.max_deliveries) if poison_rule else None
         if refused is not None:
             known = None
             if broker_id:
@@ -329,24 +338,42 @@ class Deliveries:
 
         return run
 
+    async def still_suspect(self, p: Prepared) -> bool:
+        """Whether ``p``, counted past ``max_deliveries`` by the broker, may run again:
+        the store counted fewer than ``max_deliveries - 1`` attempts of its own (a
+        crash while it ran alone, a failure), so the broker's count holds crashes of
+        other messages (:func:`~onceonly._core.settle.still_suspect`). When the store
+        cannot answer, it runs: its counted attempt then waits for the store."""
+        try:
+            async with self.inbox.store.session() as session:
+                snap = await session.get(self.inbox.consumer, p.message_id)
+        except Exception as exc:
+            self.log.info("%s: its attempts could not be read (%r)", p.message_id, exc)
+            return True
+        record = snap.record
+        return still_suspect(None if record is None else record.attempts, self.max_deliveries)
+
     async def run(
         self,
         p: Prepared,
         stop: asyncio.Event | None,
         held: Callable[[AsyncClaim], None] | None = None,
+        *,
+        counted: bool = False,
     ) -> Settlement:
         """Run a prepared delivery through the inbox; transient failures (the store is
         unavailable, a duplicate in flight) are retried here, uncounted, until ``stop``.
-        ``held`` gets the claim of each leased-mode run (the loop renews its lease)."""
+        ``held`` gets the claim of each leased-mode run (the loop renews its lease).
+        ``counted``: count the attempt in the store before it runs (atomic mode's
+        ``precount_attempts``), so a crash during it counts against it alone."""
         uncounted = 0
         raised: dict[str, BaseException] = {}
         run = self.recording(raised, held)
+        inbox = self._counting if counted else self.inbox
         while True:
             raised.clear()
             try:
-                outcome = await self.inbox.process(
-                    p.message_id, p.payload, run, delivery=p.delivery
-                )
+                outcome = await inbox.process(p.message_id, p.payload, run, delivery=p.delivery)
             except Exception as exc:
                 decided = self.judge(
                     exc,
@@ -361,6 +388,17 @@ class Deliveries:
                         continue
                 return Settlement(decided, p.message_id)
             return Settlement(ACK, p.message_id, outcome)
+
+
+def _precounting(inbox: AsyncInbox) -> AsyncInbox:
+    """``inbox`` with ``precount_attempts`` on (the same store, consumer and policy), for
+    the runs of redelivered messages; ``inbox`` itself when it already precounts or is
+    leased (a leased claim counts a crash when it is taken over)."""
+    if getattr(inbox, "mode", None) == LEASED or getattr(inbox, "precount_attempts", True):
+        return inbox
+    twin = copy.copy(inbox)
+    twin.precount_attempts = True
+    return twin
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 from onceonly._core.keys import content_key, validate_key
 from onceonly.errors import InvalidKey, MissingMessageId
 
-__all__ = ["MessageIds", "content_type_of", "decode_body", "is_json", "valid_id"]
+__all__ = ["MessageIds", "content_type_of", "decode_body", "id_text", "is_json", "valid_id"]
 
 
 class MessageIds:
@@ -32,6 +32,9 @@ class MessageIds:
       message);
     * a ``str`` naming a top-level payload field, e.g. ``"event_id"``;
     * a callable ``payload -> str``.
+
+    A field's value or a callable's result is the key when it is a ``str``, its decimal
+    text when it is an ``int``; anything else is refused (``invalid-id``): :func:`id_text`.
 
     Args:
         fallback: the id of a message the broker gave none.
@@ -79,8 +82,30 @@ class MessageIds:
             value = payload.get(fb) if isinstance(payload, dict) else None
             if value is None:
                 raise MissingMessageId(f"the message has no {fb!r} field in its payload")
-            return valid_id(str(value))
-        return valid_id(fb(payload))
+            return id_text(value, f"the payload's {fb!r} field")
+        return id_text(fb(payload), "message_id callable's result")
+
+
+def id_text(value: object, what: str) -> str:
+    """A message id taken from a payload field or a callable, as a key.
+
+    A ``str`` is the key as it is; an ``int`` (not a ``bool``) its decimal text (so
+    ``5`` and ``"5"`` are one key). Anything else (an object, a list, a float, a bool)
+    has no one text that every producer would agree on (an object's key order, ``1.0``
+    against ``1``): it is refused, the same for a field and a callable.
+
+    Raises:
+        InvalidKey: ``value`` is neither, or its text is not a valid key (the consumer
+            dead-letters the message with reason ``invalid-id``).
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return valid_id(str(value))
+    if not isinstance(value, str):
+        raise InvalidKey(
+            f"the {what} is a {type(value).__name__}: a message id must be a string or "
+            "an integer (build a string key with a message_id callable)"
+        )
+    return valid_id(value)
 
 
 def valid_id(message_id: object) -> str:
@@ -105,9 +130,9 @@ def decode_body(body: bytes, content_type: str | None = None) -> Any:
 
 
 def is_json(content_type: str) -> bool:
-    """``application/json`` or a ``+json`` type, parameters ignored."""
+    """``application/json``, ``text/json`` or a ``+json`` type, parameters ignored."""
     media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
+    return media in ("application/json", "text/json") or media.endswith("+json")
 
 
 def content_type_of(headers: Mapping[str, Any]) -> str | None:

@@ -5,21 +5,26 @@ A :class:`Transport` knows one broker: how to receive deliveries and settle each
 (ack, retry after a delay, dead-letter with given headers, extend the lease of those in
 flight). :class:`ConsumerLoop` owns everything else, the same for every broker:
 
-* concurrency: at most ``concurrency`` handlers run; a transport is asked for at most
-  as many deliveries as there are free slots (the prefetch), and what it returns
-  beyond that (or while stopping) is handed back at once;
+* concurrency: at most ``concurrency`` transactions run (a handler alone, or a batch:
+  each holds one store connection); a transport is asked for at most as many
+  deliveries as there are free slots (``max(concurrency, batch_size)``: the prefetch),
+  and what it returns beyond that (or while stopping) is handed back at once;
 * the inbox call and the verdict (:class:`~onceonly.brokers._consumer.Deliveries`);
 * settlement: ack only after the inbox's commit; a counted retry after the one
   jittered backoff (:mod:`onceonly._core.backoff`); a dead letter with the one header
   envelope (:mod:`onceonly._core.deadletter`), acked only once it is published, else
   retried; the catch-all: whatever fails on the way, the delivery is retried;
 * the poison rule: a delivery the broker counts past ``max_deliveries`` is
-  dead-lettered without running (this counts the crashes of atomic mode);
+  dead-lettered without running once the store counted ``max_deliveries - 1`` attempts
+  of its own (the broker also counts what a crashed worker merely held; this counts the
+  crashes of atomic mode);
 * batches (``batch_size`` > 1): deliveries already received are gathered (at most
   ``batch_wait`` after the first) into one ``inbox.process_batch`` transaction, then
   each is settled by its own outcome by the same rules (:mod:`._consumer_batch`);
 * isolation of a suspect: a redelivered delivery (it may have killed a worker) never
-  joins a batch, and a consumer that (re)starts is cautious: it receives one delivery
+  joins a batch; it runs exclusively (once no other handler runs; none starts until it
+  is settled), its attempt counted in the store before it runs, so its crash is
+  counted against it alone; and a consumer that (re)starts is cautious: it receives one delivery
   at a time, the next once the previous is settled, while they come redelivered (a push
   transport opens with a window of one); the first fresh delivery widens the window
   (``transport.widen()``). A crash then counts only the message that caused it, so only
@@ -48,7 +53,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from onceonly._core.deadletter import envelope
-from onceonly._core.settle import Action, Backoff
+from onceonly._core.settle import MAX_DELIVERIES, Action, Backoff
 from onceonly.brokers._consumer import (
     BatchRunner,
     Deliveries,
@@ -128,6 +133,10 @@ class ConsumerLoop:
         self.max_deliveries = self.deliveries.max_deliveries
         self.batch_size = batch_size
         self.batch_wait = batch_wait
+        #: transactions (handlers, or batches: one each) running at once; each holds
+        #: one store connection in atomic mode
+        self.transactions = concurrency
+        self._running = asyncio.Semaphore(concurrency)
         # a batch is cut from the deliveries in flight: room for one batch at least
         self.concurrency = concurrency = max(concurrency, batch_size)
         self.shutdown_timeout = shutdown_timeout
@@ -184,13 +193,14 @@ class ConsumerLoop:
                 done.set()
 
     def _check_pool(self) -> None:
-        """Warn once when atomic handlers outnumber the store's pool connections (each
-        holds one for its whole run: the rest wait, then time out). The pool is the
-        caller's to size (it may serve other code), so it is not resized here."""
+        """Warn once when atomic transactions outnumber the store's pool connections
+        (each handler, or each batch, holds one for its whole run: the rest wait, then
+        time out). The pool is the caller's to size (it may serve other code), so it is
+        not resized here."""
         if self._pool_checked or getattr(self.inbox, "mode", None) == LEASED:
             return
         self._pool_checked = True
-        for finding in check_pool(self.inbox.store, self.concurrency):
+        for finding in check_pool(self.inbox.store, self.transactions):
             if not finding.ok:
                 self._loop_log.warning(
                     "%s: %s; %s", self.transport.where, finding.what, finding.fix
@@ -308,12 +318,13 @@ class ConsumerLoop:
                         continue
                     self._free -= 1
                     if suspect(d):
-                        # it may have killed a worker: never in a batch, so its crash
-                        # counts no other message toward max_deliveries
+                        # it may have killed a worker: it runs alone and exclusively,
+                        # its attempt counted first, so its crash is counted against
+                        # it and no other message is running
                         if pending:
                             self._dispatch(pending, stop)
                             pending = []
-                        self._dispatch([d], stop)
+                        await self._exclusively(d, stop)
                         continue
                     if cautious:
                         cautious = False
@@ -340,6 +351,31 @@ class ConsumerLoop:
     def _dispatch(self, ds: list[Incoming], stop: asyncio.Event) -> None:
         self._tracker.spawn(self._handle(ds, stop))
 
+    async def _exclusively(self, d: Incoming, stop: asyncio.Event) -> None:
+        """Run a redelivered delivery (its slot taken) once no other handler runs, and
+        start nothing else until it is settled (or the consumer stops). While it waits,
+        it is extended with the deliveries in flight."""
+        self._in_flight[id(d)] = d
+        try:
+            async with self._slots:
+                await self._slots.wait_for(
+                    lambda: self._free >= self.concurrency - 1 or stop.is_set()
+                )
+        finally:
+            self._in_flight.pop(id(d), None)
+        if stop.is_set():
+            await self._hand_back(d, "stopping")
+            async with self._slots:
+                self._free += 1
+                self._slots.notify_all()
+            return
+        task = self._tracker.spawn(self._handle([d], stop))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+
     async def _hand_back(self, d: Incoming, why: str) -> None:
         try:
             await self.transport.retry(d, 0.0)
@@ -362,7 +398,8 @@ class ConsumerLoop:
             self._in_flight[id(d)] = d
         try:
             try:
-                settlements = await self._process(ds, stop)
+                async with self._running:  # at most `concurrency` transactions
+                    settlements = await self._process(ds, stop)
             except asyncio.CancelledError:
                 # shutdown could not wait: the transaction rolled back; hand them back
                 for d in ds:
@@ -396,16 +433,37 @@ class ConsumerLoop:
     async def _process(self, ds: list[Incoming], stop: asyncio.Event) -> list[Settlement]:
         """One delivery alone, or a batch in one transaction (:mod:`._consumer_batch`);
         either way the same verdicts, and the poison rule before anything runs."""
-        ready = [self._prepare(d) for d in ds]
+        ready = [await self._admit(d) for d in ds]
         runnable = [p for p in ready if isinstance(p, Prepared)]
         if len(ds) == 1:  # alone (always in leased mode): its claim's lease is renewed
             held = self._leases.holder(ds[0])
-            ran = iter([await self.deliveries.run(p, stop, held) for p in runnable])
+            counted = suspect(ds[0])  # a crash during it is counted in the store
+            ran = iter(
+                [await self.deliveries.run(p, stop, held, counted=counted) for p in runnable]
+            )
         else:
             ran = iter(await run_batch(self.deliveries, runnable, stop) if runnable else ())
         return [p if isinstance(p, Settlement) else next(ran) for p in ready]
 
-    def _prepare(self, d: Incoming) -> Settlement | Prepared:
+    async def _admit(self, d: Incoming) -> Settlement | Prepared:
+        """:meth:`_prepare`; a delivery the broker counted past ``max_deliveries`` runs
+        anyway when the store counted too few of its own attempts (the broker's count
+        holds the crashes of the messages it was held with)."""
+        ready = self._prepare(d)
+        if not (isinstance(ready, Settlement) and ready.verdict.reason == MAX_DELIVERIES):
+            return ready
+        again = self._prepare(d, poison_rule=False)
+        if isinstance(again, Prepared) and await self.deliveries.still_suspect(again):
+            self._loop_log.info(
+                "%s: delivered %s times, but the store counted too few attempts of its own "
+                "to call it poison; running it alone",
+                again.message_id,
+                d.delivery_count,
+            )
+            return again
+        return ready
+
+    def _prepare(self, d: Incoming, *, poison_rule: bool = True) -> Settlement | Prepared:
         count = d.delivery_count
         redelivered = suspect(d)
         kind = d.content_type or content_type_of(d.headers)
@@ -421,7 +479,12 @@ class ConsumerLoop:
             )
 
         return self.deliveries.prepare(
-            d.broker_id, lambda: decode_body(d.body, kind), delivery, count, d.label
+            d.broker_id,
+            lambda: decode_body(d.body, kind),
+            delivery,
+            count,
+            d.label,
+            poison_rule=poison_rule,
         )
 
     async def _retry(self, d: Incoming, delay: float, stop: asyncio.Event) -> None:

@@ -24,13 +24,16 @@ Consumer (:class:`RabbitMQConsumer`):
   duplicate in flight is retried with backoff while the consumer keeps the message;
 * the queue is declared durable and, by default, as a quorum queue, whose
   ``x-delivery-count`` header gives ``tx.delivery.delivery_count``: a message delivered
-  more than ``max_deliveries`` times (a handler that kills the worker) is dead-lettered
-  without running the handler. Classic queues only have the ``redelivered`` flag
+  more than ``max_deliveries`` times (a handler that kills the worker), of which the
+  store counted ``max_deliveries - 1`` as its own runs, is dead-lettered without
+  running the handler (the broker also counts messages a crashed worker merely held:
+  see :mod:`onceonly.brokers._loop`). Classic queues only have the ``redelivered`` flag
   (``delivery_count`` is then ``None``, and ``max_deliveries`` cannot apply: only the
   inbox's ``max_attempts`` ends a poison message there). The declared queue
   dead-letters to the same dead-letter queue, so a message the broker itself gives up
   on (a quorum queue's ``delivery-limit``, 20 by default since RabbitMQ 4.0: keep
-  ``max_deliveries`` below it) lands there too;
+  ``max_deliveries`` well below it, as it counts every crash a message was held
+  through) lands there too;
 * RabbitMQ has no per-message visibility timeout: an unacked message stays with its
   consumer until the channel closes, or until the broker's ``consumer_timeout``
   (default 30 minutes) closes the channel. Handlers are coroutines, so the connection's

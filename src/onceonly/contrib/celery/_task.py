@@ -9,7 +9,11 @@ The scope of the keys is the task's name.
 * **Atomic** (``atomic=True``, a SQL store): the function receives ``tx`` (after
   ``self`` for ``bind=True`` tasks) and runs inside :meth:`onceonly.Inbox.process`:
   the claim, its writes through ``tx`` and the completion commit together, so a worker
-  killed mid-task leaves nothing behind and the redelivery runs on a clean slate.
+  killed mid-task leaves nothing behind and the redelivery runs on a clean slate. Each
+  attempt is counted first in a write of its own (``precount_attempts``: one more round
+  trip per run), so a task that kills its worker (``acks_late`` with
+  ``task_reject_on_worker_lost`` redelivers it) still reaches ``max_attempts`` and ends
+  dead (:class:`~onceonly.DeadLettered`) instead of being redelivered for ever.
 * **Leased** (the default): the function runs under a leased claim
   (:class:`~onceonly.leased.LeasedRunner`, as ``@idempotent``): for effects outside
   the database; works on every store, Redis included.
@@ -41,9 +45,11 @@ from onceonly._core import codec
 from onceonly._core.fingerprint import fingerprint
 from onceonly._core.keys import validate_key
 from onceonly._core.state import Policy
+from onceonly._inbox_rules import HandlerFailed
 from onceonly.errors import ConfigurationError, InFlight, StoreUnavailable
 from onceonly.events import Listener
 from onceonly.inbox import Inbox
+from onceonly.inbox_failures import uncount
 from onceonly.leased import LeasedRunner
 from onceonly.messaging import Delivery
 from onceonly.outcome import seconds
@@ -88,6 +94,21 @@ class _RetryingAtomic(BaseException):
     def __init__(self, retry: Retry) -> None:
         super().__init__(repr(retry))
         self.retry = retry
+
+
+class _TaskInbox(Inbox):
+    """The inbox of an atomic task: it precounts each attempt (a worker killed inside the
+    task commits nothing, and Celery keeps no delivery count, so only the mark written
+    before the run counts the crash toward ``max_attempts``), and gives that mark back
+    when the run ended in Celery's ``retry`` (not a failure)."""
+
+    def _record_failure(self, failed: HandlerFailed, payload: Any, connection: Any) -> None:
+        if isinstance(failed.exc, _RetryingAtomic):
+            # the run rolled back to the precount mark it was decided from: give it back
+            if failed.seen is not None:
+                uncount(self, failed.claimed.key, failed.seen.token)
+            return
+        super()._record_failure(failed, payload, connection)
 
 
 class _RetryingLeased(StoreUnavailable):
@@ -153,7 +174,7 @@ class _IdempotentTask:
                     self.store = self.store()
                     self._check(self.store, self.atomic)
                 if self.atomic:
-                    runner = Inbox(
+                    runner = _TaskInbox(
                         self.store,
                         scope,
                         ttl=self.ttl,
@@ -163,6 +184,7 @@ class _IdempotentTask:
                         cache_errors=self.cache_errors,
                         max_result_bytes=self.max_result_bytes,
                         listeners=self.listeners,
+                        precount_attempts=True,
                     )
                 else:
                     runner = LeasedRunner(
