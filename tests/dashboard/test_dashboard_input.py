@@ -94,13 +94,15 @@ async def test_nul_anywhere_is_a_quick_400(
     assert await dead(dash_store) == 1
 
 
-async def test_a_nul_in_a_form_is_refused(dash_store: Any) -> None:
+@pytest.mark.parametrize(
+    "path, form",
+    [("/redrive", {"state": "dead", "q": "\x00", "confirm": "yes"}), ("/outbox", {"id": "\x00"})],
+)
+async def test_a_nul_in_a_form_is_refused(dash_store: Any, path: str, form: Any) -> None:
     await put(dash_store, "pay", "k", State.DEAD, attempts=5, error="boom")
-    transport = httpx.ASGITransport(app=app(dash_store, token=TOKEN))
+    transport = httpx.ASGITransport(app=app(dash_store, token=TOKEN), raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
-        r = await c.post(
-            "/redrive", data={"state": "dead", "q": "\x00", "confirm": "yes"}, headers=BEARER
-        )
+        r = await c.post(path, data=form, headers=BEARER)
     assert r.status_code == 400 and "NUL" in r.text
     assert await dead(dash_store) == 1
 

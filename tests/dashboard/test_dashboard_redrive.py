@@ -45,9 +45,7 @@ async def test_a_true_dry_run_flag_in_any_spelling_writes_nothing(
     for i in range(3):
         await kill(dash_store, f"k{i}")
     async with client(app(dash_store, token=TOKEN)) as c:
-        r = await c.post(
-            "/api/redrive", params={"state": "dead", "dry_run": value}, headers=BEARER
-        )
+        r = await c.post("/api/redrive", params={"state": "dead", "dry_run": value}, headers=BEARER)
     assert r.status_code == 200 and r.json()["dry_run"] is True and r.json()["matched"] == 3
     assert await dead_count(dash_store) == 3
 
@@ -57,9 +55,7 @@ async def test_an_unknown_dry_run_flag_is_refused_naming_it(dash_store: Any, val
     for i in range(3):
         await kill(dash_store, f"k{i}")
     async with client(app(dash_store, token=TOKEN)) as c:
-        r = await c.post(
-            "/api/redrive", params={"state": "dead", "dry_run": value}, headers=BEARER
-        )
+        r = await c.post("/api/redrive", params={"state": "dead", "dry_run": value}, headers=BEARER)
     assert r.status_code == 400 and "dry_run" in r.json()["error"]
     assert await dead_count(dash_store) == 3
 
@@ -69,9 +65,7 @@ async def test_a_false_dry_run_flag_redrives(dash_store: Any, value: str) -> Non
     for i in range(3):
         await kill(dash_store, f"k{i}")
     async with client(app(dash_store, token=TOKEN)) as c:
-        r = await c.post(
-            "/api/redrive", params={"state": "dead", "dry_run": value}, headers=BEARER
-        )
+        r = await c.post("/api/redrive", params={"state": "dead", "dry_run": value}, headers=BEARER)
     assert r.json() == {"dry_run": False, "redriven": 3}
     assert await dead_count(dash_store) == 0
 
@@ -146,9 +140,7 @@ async def test_api_redrive_of_a_counted_set(dash_store: Any) -> None:
         assert r.json() == {"dry_run": False, "redriven": 2}
         again = await c.post("/api/redrive", params=counted, headers=BEARER)
         assert again.status_code == 409 and again.json()["redriven"] == 0
-        half = await c.post(
-            "/api/redrive", params={"state": "dead", "expect": "2"}, headers=BEARER
-        )
+        half = await c.post("/api/redrive", params={"state": "dead", "expect": "2"}, headers=BEARER)
         assert half.status_code == 400 and "before" in half.json()["error"]
     assert await dead_count(dash_store) == 1  # "late" was never counted
 

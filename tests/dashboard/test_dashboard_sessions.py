@@ -111,5 +111,6 @@ async def test_login_next_stays_under_the_mount(dash_store: Any) -> None:
             assert r.headers["location"].startswith("/ops/?done=login&"), outside
             page = (await c.get("/ops/login", params={"next": outside})).text
             assert 'name="next" value=""' in page, outside
-        inside = await c.post("/ops/login", data={"token": TOKEN, "next": "/ops/records?state=dead"})
+        target = "/ops/records?state=dead"
+        inside = await c.post("/ops/login", data={"token": TOKEN, "next": target})
         assert inside.headers["location"] == "/ops/records?state=dead"

@@ -173,12 +173,11 @@ class Dashboard:
                 return await asyncio.wait_for(self._dispatch(request), self.store_timeout)
             return await self._dispatch(request)
         except Exception as exc:
-            for kind, (code, text) in _UNAVAILABLE.items():
-                if isinstance(exc, kind):
-                    break
-            else:
+            known = [v for kind, v in _UNAVAILABLE.items() if isinstance(exc, kind)]
+            if not known:
                 log.exception("onceonly dashboard: %s %s failed", request.method, request.url.path)
                 return self._error(request, 500, "internal error; the server's log says why")
+            code, text = known[0]
             log.warning("onceonly dashboard: %s: %s", code, exc)
             if code in ("store-unreachable", "store-timeout"):
                 self._down_until = time.monotonic() + _DOWN_SECONDS
@@ -318,8 +317,13 @@ class Dashboard:
             body += chunk
             if len(body) > _MAX_FORM:
                 return self._error(request, 413, "the form is too large")
-        pairs = urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
-        return dict(pairs)
+        pairs = dict(
+            urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+        )
+        nul = _views.nul_in(pairs)
+        if nul is not None:
+            return self._error(request, 400, f"{nul} holds a NUL character")
+        return pairs
 
     def _refused(self, request: Request, form: dict[str, str] | None) -> Response | None:
         verdict: Verdict = self.auth.check(

@@ -48,7 +48,7 @@ def nul_in(params: Any) -> str | None:
     everywhere, so no value holding one ever reaches a store."""
     for name, value in params.items():
         if "\x00" in name or "\x00" in value:
-            return name.replace("\x00", "\\x00")
+            return str(name).replace("\x00", "\\x00")
     return None
 
 
