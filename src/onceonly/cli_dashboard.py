@@ -3,8 +3,11 @@
 
 Binds the loopback interface unless ``--host`` says otherwise. The token comes from the
 ``ONCEONLY_DASHBOARD_TOKEN`` environment variable only (a command-line argument would
-show in ``ps``); without it the dashboard is read-only. Prints the URL to open once the
-socket is bound (with ``--port 0``, the port the system chose).
+show in ``ps``); without it the dashboard is read-only. Before serving it reads the
+store once: a database that does not exist, a refused login or unmigrated tables exit 2
+and an unreachable store exits 3 (as every command does), instead of serving pages that
+all say so. Prints the URL to open once the socket is bound and the store answered (with
+``--port 0``, the port the system chose).
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ def configure_dashboard(parser: argparse.ArgumentParser) -> None:
         "--port", type=int, default=8000, help="the port (default: 8000; 0: any free port)"
     )
     parser.add_argument("--title", default="onceonly", help="the page header's title")
+    parser.add_argument(
+        "--store-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a page waits for the store before answering 503 (default: 5)",
+    )
     add_create_option(parser)
 
 
@@ -65,13 +74,16 @@ async def _serve(args: argparse.Namespace, sock: socket.socket) -> None:
         def stop(self) -> None:
             self.should_exit = True
 
+    from onceonly.admin_async import AsyncAdmin
     from onceonly.dashboard import app
     from onceonly.open import open_async_store
 
     store = open_async_store(args.url, **({"table": args.table} if args.table else {}))
     try:
         token = os.environ.get(TOKEN_VARIABLE) or None
-        asgi = app(store, token=token, title=args.title)
+        asgi = app(store, token=token, title=args.title, store_timeout=args.store_timeout)
+        await AsyncAdmin(store).clock()  # the store answers and is migrated, or we stop here
+        _announce(args, sock)
         config = uvicorn.Config(asgi, log_level="warning", lifespan="off", server_header=False)
         server = _Server(config)
         loop = asyncio.get_running_loop()
@@ -80,6 +92,19 @@ async def _serve(args: argparse.Namespace, sock: socket.socket) -> None:
         await server.serve(sockets=[sock])
     finally:
         await store.close()
+
+
+def _announce(args: argparse.Namespace, sock: socket.socket) -> None:
+    port = sock.getsockname()[1]
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    err = sys.stderr
+    err.write(f"onceonly dashboard: {redact_url(args.url)}\n")
+    if not os.environ.get(TOKEN_VARIABLE):
+        err.write(f"read-only: set {TOKEN_VARIABLE} to allow redrive, release and delete\n")
+    if not _loopback(args.host):
+        err.write(f"warning: listening on {args.host}, reachable from other machines\n")
+    sys.stdout.write(f"http://{host}:{port}/\n")
+    sys.stdout.flush()
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
@@ -103,16 +128,6 @@ def run_dashboard(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
     sock.listen(128)
     sock.set_inheritable(True)
-    port = sock.getsockname()[1]
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    err = sys.stderr
-    err.write(f"onceonly dashboard: {redact_url(args.url)}\n")
-    if not os.environ.get(TOKEN_VARIABLE):
-        err.write(f"read-only: set {TOKEN_VARIABLE} to allow redrive, release and delete\n")
-    if not _loopback(args.host):
-        err.write(f"warning: listening on {args.host}, reachable from other machines\n")
-    sys.stdout.write(f"http://{host}:{port}/\n")
-    sys.stdout.flush()
     try:
         asyncio.run(_serve(args, sock))
     finally:

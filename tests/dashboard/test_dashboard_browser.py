@@ -35,7 +35,8 @@ webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import Select  # noqa: E402
+from selenium.webdriver.support.expected_conditions import staleness_of  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 
 class Server:
@@ -174,13 +175,20 @@ class Site:
             shutil.copy(path, Path(copy_to) / path.name)
         return path
 
+    def click(self, element: Any) -> None:
+        """Click ``element`` and wait until the browser has left the page (reading the
+        next page's text before that finds the old page's elements)."""
+        old = self.driver.find_element(By.TAG_NAME, "html")
+        element.click()
+        WebDriverWait(self.driver, 10).until(staleness_of(old))
+
     def text(self, css: str) -> str:
         return str(self.driver.find_element(By.CSS_SELECTOR, css).text)
 
     def login(self) -> None:
         self.get("login")
         self.driver.find_element(By.NAME, "token").send_keys(TOKEN)
-        self.driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+        self.click(self.driver.find_element(By.CSS_SELECTOR, "form button[type=submit]"))
         assert "Logged in" in self.text("#notice")
 
     def state(self, scope: str, key: str) -> State | None:
@@ -242,18 +250,18 @@ def test_filter_then_read_a_dead_records_error(sqlite_site: Site) -> None:
     """Filter by scope, state and error text; the dead record's page shows its error."""
     site = sqlite_site
     site.get("")
-    site.driver.find_element(By.CSS_SELECTOR, "a.card.dead").click()
+    site.click(site.driver.find_element(By.CSS_SELECTOR, "a.card.dead"))
     keys = [e.text for e in site.driver.find_elements(By.CSS_SELECTOR, "#records td.key")]
     assert keys == ["pay-dead-1", "pay-dead-2"]
     form = site.driver.find_element(By.ID, "filters")
     form.find_element(By.NAME, "scope").send_keys("billing")
     form.find_element(By.NAME, "q").send_keys("timeout")
     Select(form.find_element(By.NAME, "state")).select_by_value("dead")
-    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    site.click(form.find_element(By.CSS_SELECTOR, "button[type=submit]"))
     keys = [e.text for e in site.driver.find_elements(By.CSS_SELECTOR, "#records td.key")]
     assert keys == ["pay-dead-2"]
     site.shot("records")
-    site.driver.find_element(By.LINK_TEXT, "pay-dead-2").click()
+    site.click(site.driver.find_element(By.LINK_TEXT, "pay-dead-2"))
     assert "TimeoutError: bank did not answer in 30 s" in site.text("#record-error")
     assert site.text("#record-state") == "dead"
 
@@ -278,12 +286,14 @@ def test_redrive_from_the_page_and_the_next_delivery_runs(sqlite_site: Site) -> 
     site.shot("login")
     site.login()
     site.get("records?scope=payments&state=dead")
-    site.driver.find_element(By.LINK_TEXT, "order-77").click()
+    site.click(site.driver.find_element(By.LINK_TEXT, "order-77"))
     assert "503 Service Unavailable" in site.text("#record-error")
     site.shot("record")
-    site.driver.find_element(By.ID, "redrive").click()
+    site.click(site.driver.find_element(By.ID, "redrive"))
     assert "Redriven" in site.text("#notice")
     assert site.text("#record-state") == "failed"
+    assert "waiting for the next delivery" in site.text("#record-redriven")
+    assert site.driver.find_elements(By.ID, "redrive") == []
     assert site.state("payments", "order-77") is State.FAILED
     outcome = inbox.process("order-77", {"id": "order-77"}, handler)
     assert outcome.result == "charged" and runs == ["order-77", "order-77"]
@@ -296,14 +306,14 @@ def test_filtered_redrive_asks_for_confirmation(sqlite_site: Site) -> None:
     site = sqlite_site
     site.login()
     site.get("records?scope=billing&state=dead")
-    site.driver.find_element(By.ID, "redrive-filtered").click()
+    site.click(site.driver.find_element(By.ID, "redrive-filtered"))
     assert site.text("#match-count") == "2"
     assert site.state("billing", "pay-dead-1") is State.DEAD
     site.shot("redrive")
     site.driver.find_element(By.ID, "confirm-redrive").click()  # box not ticked: the
     assert site.state("billing", "pay-dead-1") is State.DEAD  # browser refuses to submit
     site.driver.find_element(By.ID, "confirm").click()
-    site.driver.find_element(By.ID, "confirm-redrive").click()
+    site.click(site.driver.find_element(By.ID, "confirm-redrive"))
     assert "Redriven" in site.text("#notice") and "(2)" in site.text("#notice")
     assert site.state("billing", "pay-dead-1") is State.FAILED
     assert site.state("billing", "pay-dead-2") is State.FAILED
@@ -319,7 +329,7 @@ def test_a_write_without_the_token_is_refused(sqlite_site: Site) -> None:
     site.get("records/billing/pay-dead-1")
     button = site.driver.find_element(By.ID, "redrive")
     site.driver.delete_all_cookies()
-    button.click()
+    site.click(button)
     assert site.text("h1") == "401"
     assert "log in" in site.text("#error").lower()
     site.shot("refused")
@@ -341,7 +351,7 @@ def test_a_key_holding_markup_renders_as_text(sqlite_site: Site) -> None:
     site.get("records?scope=evil")
     link = site.driver.find_element(By.CSS_SELECTOR, "#records td.key a")
     assert link.text == key
-    link.click()
+    site.click(link)
     assert site.text("#record-key") == key
     assert site.text("#record-error") == "<b>bold?</b><script>alert(2)</script>"
     assert site.driver.title != "pwned"
@@ -369,5 +379,5 @@ def test_outbox_page(sqlite_site: Site) -> None:
     assert site.text("#outbox-dead") == "2" and site.text("#outbox-pending") == "1"
     assert "exchange receipts not found" in site.text("#outbox-rows")
     site.shot("outbox")
-    site.driver.find_element(By.ID, "outbox-redrive-all").click()
+    site.click(site.driver.find_element(By.ID, "outbox-redrive-all"))
     assert site.text("#outbox-dead") == "0" and site.text("#outbox-pending") == "3"

@@ -37,6 +37,7 @@ def app(
     outbox: bool = True,
     outbox_table: str | None = None,
     page_size: int = 50,
+    store_timeout: float = 5.0,
 ) -> Dashboard:
     """The dashboard of ``store`` as an ASGI application.
 
@@ -50,18 +51,21 @@ def app(
         outbox: show the outbox (pending and dead rows, the relay's lag, redrive).
         outbox_table: the outbox table (default: the store's).
         page_size: records per page of the records list (1..500).
+        store_timeout: seconds a page or API read waits for the store before it answers
+            503 (writes are never cut off). After the store was unreachable, requests
+            answer 503 at once for 5 seconds instead of each waiting.
 
     Returns:
         The ASGI application.
 
     Raises:
-        ConfigurationError: ``page_size`` out of range, or the store offers no
-            operator access.
+        ConfigurationError: ``page_size`` out of range, ``store_timeout`` not positive,
+            or the store offers no operator access.
 
     .. versionadded:: 0.3
     """
     built: Dashboard = build(
         store, token=token, title=title, outbox=outbox, outbox_table=outbox_table,
-        page_size=page_size,
+        page_size=page_size, store_timeout=store_timeout,
     )  # fmt: skip
     return built

@@ -8,13 +8,28 @@ from ``root_path``: the app works mounted at any sub-path.
 Every write is one of :class:`~onceonly.AsyncAdmin`'s fenced operations (the CLI's) or
 the outbox's redrive, and is refused (401/403, nothing changed) unless
 :class:`~onceonly.dashboard._auth.Auth` lets it through.
+
+A store that cannot serve (not migrated, refused, unreachable, too slow) answers 503
+with what to do, as JSON for the API and as a page for the rest. Reads wait at most
+``store_timeout``; after the store was unreachable, requests for the next
+:data:`_DOWN_SECONDS` answer 503 at once, and writes never start then (a write is never
+cut off half way: its outcome is always known).
+
+A value holding NUL is refused (400) before it reaches a store. A filtered redrive
+redrives only what its dry run counted: records last written at or before the count's
+time, and only when as many still match (409 otherwise).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import hmac
+import logging
+import secrets
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -23,14 +38,25 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from onceonly._core.admin import redrive_decision
 from onceonly._core.lateness import BIN_LABELS, DUPLICATE_BINS, HALF_TTL, NEAR_TTL, UNKNOWN
-from onceonly._core.state import State
+from onceonly._core.state import Record, State
 from onceonly.admin_async import AsyncAdmin, LatenessReport
 from onceonly.dashboard import _views
 from onceonly.dashboard._auth import COOKIE, SESSION_SECONDS, Auth, Verdict
-from onceonly.errors import ConfigurationError
+from onceonly.errors import (
+    ConfigurationError,
+    InFlight,
+    NotMigrated,
+    StoreError,
+    StoreMisconfigured,
+    StoreUnavailable,
+)
+from onceonly.outcome import new_token
 
 __all__ = ["Dashboard"]
+
+log = logging.getLogger(__name__)
 
 _HEADERS = {
     "Content-Security-Policy": (
@@ -52,6 +78,32 @@ _DONE = {
     "login": "Logged in.",
     "logout": "Logged out.",
 }
+_NOTICE_SECONDS = 300  # a notice link shows its notice for this long
+_DOWN_SECONDS = 5.0  # after the store was unreachable: answer 503 at once this long
+_UNAVAILABLE = {
+    NotMigrated: (
+        "not-migrated",
+        "The store's tables do not exist: run `onceonly migrate --url …` (or"
+        " store.migrate()) once, then reload.",
+    ),
+    StoreMisconfigured: (
+        "store-misconfigured",
+        "The database refused this configuration (the database does not exist, or the"
+        " login was refused): fix the store URL or the credentials, or create the"
+        " database, then reload.",
+    ),
+    StoreUnavailable: (
+        "store-unreachable",
+        "The store cannot be reached right now (connection refused, lost or timed out):"
+        " check the database, then reload in a few seconds.",
+    ),
+    TimeoutError: (
+        "store-timeout",
+        "The store did not answer in time (unreachable, or overloaded): check the"
+        " database, then reload in a few seconds.",
+    ),
+    StoreError: ("store-error", "The store failed: check the database, then reload."),
+}
 Handler = Callable[[Request, list[str]], Awaitable[Response]]
 
 
@@ -71,8 +123,13 @@ class Dashboard:
         outbox: bool,
         outbox_table: str | None,
         page_size: int,
+        store_timeout: float,
     ) -> None:
         self.store = store
+        self.store_timeout = store_timeout
+        self._down_until = 0.0  # monotonic
+        self._down: tuple[str, str] = ("", "")
+        self._notice_key = secrets.token_bytes(32)
         self.admin = AsyncAdmin(store)
         self.auth = Auth(token)
         self.title = title
@@ -101,10 +158,42 @@ class Dashboard:
         if scope["type"] != "http":
             return
         request = Request(scope, receive)
-        response = await self._dispatch(request)
+        response = await self._guarded(request)
         for name, value in _HEADERS.items():
             response.headers.setdefault(name, value)
         await response(scope, receive, send)
+
+    async def _guarded(self, request: Request) -> Response:
+        """:meth:`_dispatch`, with a store that cannot serve answered by a 503 that says
+        what to do (and every other failure by a 500 page, logged)."""
+        request.scope["onceonly.api"] = _is_api(self._segments(request))
+        if time.monotonic() < self._down_until:
+            return self._unavailable(request, *self._down)
+        try:
+            if request.method in ("GET", "HEAD"):  # a read may be cut off; a write never
+                return await asyncio.wait_for(self._dispatch(request), self.store_timeout)
+            return await self._dispatch(request)
+        except Exception as exc:
+            known = [v for kind, v in _UNAVAILABLE.items() if isinstance(exc, kind)]
+            if not known:
+                log.exception("onceonly dashboard: %s %s failed", request.method, request.url.path)
+                return self._error(request, 500, "internal error; the server's log says why")
+            code, text = known[0]
+            log.warning("onceonly dashboard: %s: %s", code, exc)
+            if code in ("store-unreachable", "store-timeout"):
+                self._down_until = time.monotonic() + _DOWN_SECONDS
+                self._down = (code, text)
+            return self._unavailable(request, code, text)
+
+    def _unavailable(self, request: Request, code: str, text: str) -> Response:
+        headers = {"Retry-After": str(int(_DOWN_SECONDS))}
+        if _wants_json(request):
+            return JSONResponse({"error": text, "code": code}, status_code=503, headers=headers)
+        response = self.render(
+            request, "error.html", status=503, status_code=503, message=text, link=""
+        )
+        response.headers.update(headers)
+        return response
 
     def _segments(self, request: Request) -> list[str]:
         """The path below ``root_path`` as decoded segments (split before decoding)."""
@@ -121,7 +210,11 @@ class Dashboard:
 
     async def _dispatch(self, request: Request) -> Response:
         parts = self._segments(request)
-        request.scope["onceonly.api"] = bool(parts) and parts[0] == "api"
+        if any("\x00" in p for p in parts):
+            return self._error(request, 400, "the path holds a NUL character")
+        nul = _views.nul_in(request.query_params)
+        if nul is not None:
+            return self._error(request, 400, f"{nul} holds a NUL character")
         method = request.method
         routes: dict[tuple[str, str], Handler] = {
             ("GET", ""): self.page_overview,
@@ -166,11 +259,36 @@ class Dashboard:
     def _session(self, request: Request) -> str | None:
         return self.auth.session(request.cookies.get(COOKIE))
 
+    def _notice_sig(self, done: str, n: str, issued: str) -> str:
+        text = f"{done}\0{n}\0{issued}".encode()
+        return hmac.new(self._notice_key, text, hashlib.sha256).hexdigest()[:32]
+
+    def notice(self, done: str, n: int | None = None) -> dict[str, str]:
+        """The query parameters of a notice a redirect carries, signed with this
+        process's key so that a link made elsewhere shows none."""
+        count = "" if n is None else str(n)
+        issued = str(int(time.time()))
+        out = {"done": done, "n": count, "t": issued}
+        out["sig"] = self._notice_sig(done, count, issued)
+        return {k: v for k, v in out.items() if v}
+
+    def _notice_of(self, request: Request) -> tuple[str, str]:
+        """The notice and its count, when the query carries a valid, recent one."""
+        p = request.query_params
+        done, n, issued = p.get("done", ""), p.get("n", ""), p.get("t", "")
+        if done not in _DONE or not issued.isdigit():
+            return "", ""
+        if not hmac.compare_digest(p.get("sig", ""), self._notice_sig(done, n, issued)):
+            return "", ""
+        if not 0 <= time.time() - int(issued) <= _NOTICE_SECONDS:
+            return "", ""
+        return _DONE[done], n
+
     def render(
         self, request: Request, template: str, status: int = 200, **context: Any
     ) -> Response:
         session = self._session(request)
-        done = request.query_params.get("done", "")
+        notice, notice_count = self._notice_of(request)
         page = self.env.get_template(template).render(
             title=self.title,
             url=lambda path, **p: self.url(request, path, p or None),
@@ -178,8 +296,8 @@ class Dashboard:
             writable=self.auth.enabled,
             logged_in=session is not None,
             csrf=self.auth.csrf(session) if session is not None else "",
-            notice=_DONE.get(done, ""),
-            notice_count=request.query_params.get("n", ""),
+            notice=notice,
+            notice_count=notice_count,
             age=_age,
             iso=_views.iso,
             here=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
@@ -187,11 +305,11 @@ class Dashboard:
         )
         return HTMLResponse(page, status_code=status)
 
-    def _error(self, request: Request, status: int, message: str) -> Response:
+    def _error(self, request: Request, status: int, message: str, link: str = "") -> Response:
         if _wants_json(request):
             return JSONResponse({"error": message}, status_code=status)
         return self.render(
-            request, "error.html", status=status, status_code=status, message=message
+            request, "error.html", status=status, status_code=status, message=message, link=link
         )
 
     async def _form(self, request: Request) -> dict[str, str] | Response:
@@ -200,8 +318,13 @@ class Dashboard:
             body += chunk
             if len(body) > _MAX_FORM:
                 return self._error(request, 413, "the form is too large")
-        pairs = urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
-        return dict(pairs)
+        pairs = dict(
+            urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+        )
+        nul = _views.nul_in(pairs)
+        if nul is not None:
+            return self._error(request, 400, f"{nul} holds a NUL character")
+        return pairs
 
     def _refused(self, request: Request, form: dict[str, str] | None) -> Response | None:
         verdict: Verdict = self.auth.check(
@@ -219,7 +342,9 @@ class Dashboard:
     # -- pages
     async def page_overview(self, request: Request, args: list[str]) -> Response:
         window_name = request.query_params.get("window", "1h")
-        window = _WINDOWS.get(window_name, 3600.0)
+        if window_name not in _WINDOWS:
+            return self._error(request, 400, _bad_window(window_name))
+        window = _WINDOWS[window_name]
         data = await self._summary(window)
         return self.render(
             request,
@@ -265,12 +390,15 @@ class Dashboard:
         lapsed = record.state is State.IN_PROGRESS and (
             record.lease_until is None or record.lease_until <= now
         )
+        # a redrive writes failed with zero attempts; a failed run counts one
+        redriven = record.state is State.FAILED and record.attempts == 0
         return self.render(
             request,
             "record.html",
             r=record,
             fields=fields,
-            can_redrive=record.state in (State.DEAD, State.FAILED),
+            redriven=redriven,
+            can_redrive=record.state in (State.DEAD, State.FAILED) and not redriven,
             can_release=lapsed,
             lease_live=record.state is State.IN_PROGRESS and not lapsed,
         )
@@ -300,18 +428,23 @@ class Dashboard:
             if action == "delete"
             else self.record_url(request, scope, key)
         )
-        return _see_other(target + ("&" if "?" in target else "?") + f"done={action}")
+        sep = "&" if "?" in target else "?"
+        return _see_other(target + sep + urllib.parse.urlencode(self.notice(action)))
 
     async def page_redrive(self, request: Request, args: list[str]) -> Response:
         filters = _views.Filters.parse(request.query_params)
+        if filters.errors:
+            return self._error(request, 400, "; ".join(filters.errors))
         if filters.state not in ("dead", "failed"):
             return self._error(request, 400, "a filtered redrive needs state dead or failed")
-        count = await self.admin.redrive_matching(filters.query(limit=500), dry_run=True)
+        before = await self._bound(filters)
+        count = await self._count(filters, before)
         return self.render(
             request,
             "redrive.html",
             f=filters,
             count=count,
+            before=repr(before),
             back=self.url(request, "records", filters.params(after="")),
         )
 
@@ -323,12 +456,22 @@ class Dashboard:
         if refused is not None:
             return refused
         filters = _views.Filters.parse(form)
-        if filters.errors or filters.state not in ("dead", "failed"):
+        if filters.errors:
+            return self._error(request, 400, "; ".join(filters.errors))
+        if filters.state not in ("dead", "failed"):
             return self._error(request, 400, "a filtered redrive needs state dead or failed")
         if form.get("confirm") != "yes":
             return self._error(request, 400, "confirm the redrive on the confirmation page")
-        n = await self.admin.redrive_matching(filters.query(limit=500))
-        params = filters.params(after="", state="failed", done="redrive", n=str(n))
+        try:
+            before, expect = float(form.get("before", "")), int(form.get("count", ""))
+        except ValueError:
+            return self._error(
+                request, 400, "the form carries no dry-run count: redrive from the count page"
+            )
+        n = await self._redrive_counted(filters, before, expect)
+        if n is None:
+            return self._error(request, 409, _changed(expect), link=self._recount(request, filters))
+        params = {**filters.params(after="", state="failed"), **self.notice("redrive", n)}
         return _see_other(self.url(request, "records", params))
 
     async def page_outbox(self, request: Request, args: list[str]) -> Response:
@@ -350,13 +493,13 @@ class Dashboard:
         n = await self._outbox_redrive(form.get("id") or None)
         if n is None:
             return self._error(request, 404, "this store has no outbox")
-        return _see_other(self.url(request, "outbox", {"done": "outbox", "n": str(n)}))
+        return _see_other(self.url(request, "outbox", self.notice("outbox", n)))
 
     async def page_login(self, request: Request, args: list[str]) -> Response:
         return self.render(
             request,
             "login.html",
-            next=_safe_next(request.query_params.get("next", "")),
+            next=_safe_next(request, request.query_params.get("next", "")),
             failed=False,
         )
 
@@ -364,12 +507,12 @@ class Dashboard:
         form = await self._form(request)
         if isinstance(form, Response):
             return form
-        target = _safe_next(form.get("next", ""))
+        target = _safe_next(request, form.get("next", ""))
         if not self.auth.enabled:
             return self._error(request, 403, "read-only: no token is configured")
         if not self.auth.token_matches(form.get("token", "")):
             return self.render(request, "login.html", status=403, next=target, failed=True)
-        response = _see_other(target or self.url(request, "", {"done": "login"}))
+        response = _see_other(target or self.url(request, "", self.notice("login")))
         response.set_cookie(
             COOKIE,
             self.auth.new_session(),
@@ -382,7 +525,18 @@ class Dashboard:
         return response
 
     async def form_logout(self, request: Request, args: list[str]) -> Response:
-        response = _see_other(self.url(request, "", {"done": "logout"}))
+        form = await self._form(request)
+        if isinstance(form, Response):
+            return form
+        session = self._session(request)
+        if session is not None:  # a live session ends only by its own form (CSRF)
+            csrf = form.get("csrf", "")
+            if not hmac.compare_digest(csrf.encode(), self.auth.csrf(session).encode()):
+                return self._error(
+                    request, 403, "the form's CSRF token is missing or wrong; reload the page"
+                )
+            self.auth.end_session(session)
+        response = _see_other(self.url(request, "", self.notice("logout")))
         response.delete_cookie(
             COOKIE, path=(request.scope.get("root_path", "").rstrip("/") or "") + "/"
         )
@@ -399,8 +553,10 @@ class Dashboard:
 
     # -- the JSON API
     async def api_summary(self, request: Request, args: list[str]) -> Response:
-        window = _WINDOWS.get(request.query_params.get("window", "1h"), 3600.0)
-        return JSONResponse((await self._summary(window)).json())
+        window_name = request.query_params.get("window", "1h")
+        if window_name not in _WINDOWS:
+            return JSONResponse({"error": _bad_window(window_name)}, status_code=400)
+        return JSONResponse((await self._summary(_WINDOWS[window_name])).json())
 
     async def api_records(self, request: Request, args: list[str]) -> Response:
         filters = _views.Filters.parse(request.query_params)
@@ -437,14 +593,38 @@ class Dashboard:
         refused = self._refused(request, None)
         if refused is not None:
             return refused
-        filters = _views.Filters.parse(request.query_params)
-        if filters.errors or filters.state not in ("dead", "failed"):
-            return JSONResponse(
-                {"error": "state=dead or state=failed is required"}, status_code=400
-            )
-        dry_run = request.query_params.get("dry_run", "") in ("1", "true", "yes")
-        n = await self.admin.redrive_matching(filters.query(limit=500), dry_run=dry_run)
-        return JSONResponse({"dry_run": dry_run, "matched" if dry_run else "redriven": n})
+        params = request.query_params
+        filters = _views.Filters.parse(params)
+        errors = list(filters.errors)
+        try:
+            dry_run = _views.parse_bool("dry_run", params.get("dry_run", "0"))
+        except ValueError as exc:
+            errors.append(str(exc))
+        before = expect = None
+        try:
+            if "before" in params:
+                before = float(params["before"])
+            if "expect" in params:
+                expect = int(params["expect"])
+        except ValueError:
+            errors.append("before is epoch seconds and expect a whole number (from a dry run)")
+        if (before is None) != (expect is None):
+            errors.append("before and expect go together (both from a dry run)")
+        if not errors and filters.state not in ("dead", "failed"):
+            errors.append("state=dead or state=failed is required")
+        if errors:
+            return JSONResponse({"error": "; ".join(errors)}, status_code=400)
+        if dry_run:
+            bound = await self._bound(filters)
+            n = await self._count(filters, bound)
+            return JSONResponse({"dry_run": True, "matched": n, "before": bound, "expect": n})
+        if before is None or expect is None:
+            n = await self.admin.redrive_matching(filters.query(limit=500))
+            return JSONResponse({"dry_run": False, "redriven": n})
+        done = await self._redrive_counted(filters, before, expect)
+        if done is None:
+            return JSONResponse({"error": _changed(expect), "redriven": 0}, status_code=409)
+        return JSONResponse({"dry_run": False, "redriven": done})
 
     async def api_outbox(self, request: Request, args: list[str]) -> Response:
         state = request.query_params.get("state", "dead")
@@ -456,9 +636,9 @@ class Dashboard:
         from onceonly.outbox_async import AsyncOutbox
 
         try:
-            limit = min(500, max(1, int(request.query_params.get("limit", "100"))))
-        except ValueError:
-            return JSONResponse({"error": "limit is not a whole number"}, status_code=400)
+            limit = _views.parse_limit(request.query_params.get("limit", "100"))
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
         rows = await AsyncOutbox(self.store, table=self.outbox_table).rows(state, limit)
         return JSONResponse(
             {
@@ -501,6 +681,51 @@ class Dashboard:
         cursor = _views.encode_cursor((page[-1].scope, page[-1].key)) if more and page else ""
         return page, cursor
 
+    async def _bound(self, filters: _views.Filters) -> float:
+        """The newest ``updated_at`` a filtered redrive counted now takes: the store's
+        clock now, less the filters' age (so the set cannot grow as time passes)."""
+        age = _views.parse_age(filters.age) if filters.age else 0.0
+        return await self.admin.clock() - age
+
+    async def _counted(self, filters: _views.Filters, before: float) -> AsyncIterator[Record]:
+        """The records of a filtered redrive's set: matching now, last written at or
+        before ``before`` (records that died since are not in it)."""
+        async for record in self.admin.iter_records(filters.query(limit=500)):
+            if record.updated_at <= before:
+                yield record
+
+    async def _count(self, filters: _views.Filters, before: float) -> int:
+        return sum([1 async for _ in self._counted(filters, before)])
+
+    async def _redrive_counted(
+        self, filters: _views.Filters, before: float, expect: int
+    ) -> int | None:
+        """Redrive the set a dry run counted (``expect`` records up to ``before``), each
+        write fenced on the version read; ``None`` (nothing written) when the set is not
+        that size any more. Records only leave the set (a worker or an operator wrote
+        them), so a set of the same size is the same set."""
+        if await self._count(filters, before) != expect:
+            return None
+        done = 0
+        async for record in self._counted(filters, before):
+            if await self._redrive_read(record):
+                done += 1
+        return done
+
+    async def _redrive_read(self, record: Record) -> bool:
+        """Redrive ``record`` if it is still the version read (a worker wins)."""
+        decision = redrive_decision(record, new_token())
+        if decision is None:
+            return False
+        try:
+            async with self.store.transaction(lock_wait=self.admin.lock_wait) as s:
+                return await s.update(record.scope, record.key, *decision) is not None
+        except InFlight:
+            return False
+
+    def _recount(self, request: Request, filters: _views.Filters) -> str:
+        return self.url(request, "redrive", filters.params(after=""))
+
     async def _act(self, scope: str, key: str, action: str) -> bool | None:
         """Run one fenced record action; ``None`` for an unknown action."""
         if action == "redrive":
@@ -542,6 +767,21 @@ def _route(parts: list[str]) -> tuple[str, list[str]]:
     return prefix + "?" + head, []
 
 
+def _bad_window(name: str) -> str:
+    return f"window {name!r} is not one of {', '.join(_WINDOWS)}"
+
+
+def _changed(expect: int) -> str:
+    return (
+        f"nothing redriven: the set changed since its dry run counted {expect} (a worker or"
+        " another operator wrote some of them). Count again and confirm the new count."
+    )
+
+
+def _is_api(parts: list[str]) -> bool:
+    return bool(parts) and parts[0] == "api"
+
+
 def _see_other(url: str) -> Response:
     return RedirectResponse(url, status_code=303)
 
@@ -552,14 +792,21 @@ def _wants_json(request: Request) -> bool:
     )
 
 
-def _safe_next(target: str) -> str:
-    """Only a path on this site: never ``//host``, ``https://…``, nor one a browser would
-    turn into either (it drops tabs and newlines and reads ``\\`` as ``/``)."""
+def _safe_next(request: Request, target: str) -> str:
+    """Only a path of this dashboard (under the ASGI ``root_path`` when mounted): never
+    ``//host``, ``https://…``, another part of the site, nor one a browser would turn into
+    either (it drops tabs and newlines and reads ``\\`` as ``/``)."""
     if any(ord(c) < 0x21 or c in "\\\x7f" for c in target):
         return ""
-    if target.startswith("/") and not target.startswith("//"):
-        return target
-    return ""
+    if not target.startswith("/") or target.startswith("//"):
+        return ""
+    root = urllib.parse.quote(request.scope.get("root_path", "").rstrip("/"))
+    path = urllib.parse.unquote(target.split("?", 1)[0])
+    if "/../" in path + "/" or "/./" in path + "/":
+        return ""  # a browser would resolve these, perhaps out of the root
+    if root and not (target == root or target.startswith(root + "/")):
+        return ""
+    return target
 
 
 def _replace_limit(filters: _views.Filters, limit: int) -> _views.Filters:
@@ -666,11 +913,14 @@ def build(
     outbox: bool,
     outbox_table: str | None,
     page_size: int,
+    store_timeout: float,
 ) -> Dashboard:
     """Validate the options and build the app (see :func:`onceonly.dashboard.app`)."""
     if page_size < 1 or page_size > _views.MAX_LIMIT:
         raise ConfigurationError(f"page_size must be between 1 and {_views.MAX_LIMIT}")
+    if not 0 < store_timeout < float("inf"):
+        raise ConfigurationError("store_timeout must be a positive number of seconds")
     return Dashboard(
         store, token=token, title=title, outbox=outbox, outbox_table=outbox_table,
-        page_size=page_size,
+        page_size=page_size, store_timeout=store_timeout,
     )  # fmt: skip

@@ -9,6 +9,10 @@ Invariants:
 * The cookie holds no secret: ``issued.nonce.signature``, an HMAC under a key derived
   from the token, so changing the token ends every session. Sessions last
   :data:`SESSION_SECONDS`.
+* A session is valid only while this process remembers it: logging out forgets it, so a
+  cookie copied before the logout no longer works. The list lives in memory: a restart
+  logs everyone out, and every process serving the dashboard keeps its own (serve it
+  from one process). At most :data:`MAX_SESSIONS` are kept; the oldest goes first.
 * Every comparison of a secret is constant-time (``hmac.compare_digest``).
 """
 
@@ -20,10 +24,11 @@ import secrets
 import time
 from dataclasses import dataclass
 
-__all__ = ["COOKIE", "SESSION_SECONDS", "Auth", "Verdict"]
+__all__ = ["COOKIE", "MAX_SESSIONS", "SESSION_SECONDS", "Auth", "Verdict"]
 
 COOKIE = "onceonly_dashboard"
 SESSION_SECONDS = 12 * 3600
+MAX_SESSIONS = 1000
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class Auth:
         self.token = token or None
         secret = (self.token or "").encode()
         self._key = hashlib.sha256(b"onceonly-dashboard\0" + secret).digest()
+        self._live: dict[str, int] = {}  # session id -> issued (insertion order: oldest first)
 
     @property
     def enabled(self) -> bool:
@@ -61,13 +67,23 @@ class Auth:
         return hmac.compare_digest(candidate.encode(), self.token.encode())
 
     def new_session(self, now: float | None = None) -> str:
-        """A fresh cookie value."""
+        """A fresh cookie value, its session remembered until :meth:`end_session`, its
+        expiry, or :data:`MAX_SESSIONS` newer ones."""
         issued = int(time.time() if now is None else now)
         body = f"{issued}.{secrets.token_urlsafe(16)}"
+        for old, at in list(self._live.items()):
+            if issued - at > SESSION_SECONDS or len(self._live) >= MAX_SESSIONS:
+                del self._live[old]
+        self._live[body] = issued
         return f"{body}.{self._sign(body)}"
 
+    def end_session(self, session: str) -> None:
+        """Forget ``session`` (a :meth:`session` id): its cookie no longer works."""
+        self._live.pop(session, None)
+
     def session(self, cookie: str | None, now: float | None = None) -> str | None:
-        """The session id of a valid, unexpired cookie value (``None`` otherwise)."""
+        """The session id of a valid, unexpired cookie value of a session this process
+        still remembers (``None`` otherwise)."""
         if self.token is None or not cookie or cookie.count(".") != 2:
             return None
         issued, nonce, signature = cookie.split(".")
@@ -78,7 +94,7 @@ class Auth:
             age = (time.time() if now is None else now) - int(issued)
         except ValueError:
             return None
-        return body if 0 <= age <= SESSION_SECONDS else None
+        return body if 0 <= age <= SESSION_SECONDS and body in self._live else None
 
     def csrf(self, session: str) -> str:
         """The CSRF token of ``session`` (forms carry it in a hidden field)."""
@@ -107,7 +123,9 @@ class Auth:
             return Verdict(401, "log in, or send Authorization: Bearer <token>")
         session = self.session(cookie)
         if session is None:
-            return Verdict(403, "the session is not valid (expired, or the token changed)")
+            return Verdict(
+                403, "the session is not valid (logged out, expired, or the dashboard restarted)"
+            )
         if not csrf or not hmac.compare_digest(csrf.encode(), self.csrf(session).encode()):
             return Verdict(403, "the form's CSRF token is missing or wrong; reload the page")
         return Verdict(0)

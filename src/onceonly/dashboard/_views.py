@@ -22,17 +22,65 @@ from onceonly.admin_async import AsyncAdmin, DuplicatePoint, LatenessReport
 from onceonly.errors import ConfigurationError, StoreError
 
 __all__ = [
+    "MAX_AGE_SECONDS",
+    "MAX_LIMIT",
     "Filters",
     "Summary",
     "decode_cursor",
     "encode_cursor",
+    "nul_in",
     "outbox_summary",
+    "parse_bool",
+    "parse_limit",
     "record_json",
     "summary",
 ]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 MAX_LIMIT = 500
+MAX_AGE_SECONDS = 100 * 365 * 86400.0  # past any record's life, inside every store's dates
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def nul_in(params: Any) -> str | None:
+    """The name of the first parameter whose name or value holds NUL (``\\x00``), else
+    ``None``. PostgreSQL refuses NUL in text and SQLite's ``instr`` matches it
+    everywhere, so no value holding one ever reaches a store."""
+    for name, value in params.items():
+        if "\x00" in name or "\x00" in value:
+            return str(name).replace("\x00", "\\x00")
+    return None
+
+
+def parse_bool(name: str, text: str) -> bool:
+    """A flag: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (any case,
+    spaces around ignored).
+
+    Raises:
+        ValueError: anything else (the message names ``name``).
+    """
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ValueError(f"{name} must be one of 1, true, yes, on, 0, false, no, off; not {text!r}")
+
+
+def parse_limit(text: str) -> int:
+    """A page size, a whole number from 1 to :data:`MAX_LIMIT`.
+
+    Raises:
+        ValueError: anything else (the message names ``limit``).
+    """
+    try:
+        limit = int(text.strip())
+    except ValueError:
+        raise ValueError(f"limit {text!r} is not a whole number") from None
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+    return limit
 
 
 def iso(t: float | None) -> str | None:
@@ -100,7 +148,10 @@ def parse_age(text: str) -> float:
     number = float(text[: len(text) - len(unit)])
     if not 0 <= number < float("inf"):
         raise ValueError("an age is a non-negative number")
-    return number * _UNITS[unit or "s"]
+    seconds = number * _UNITS[unit or "s"]
+    if seconds > MAX_AGE_SECONDS:
+        raise ValueError("an age is at most 100 years")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -123,8 +174,11 @@ class Filters:
     @classmethod
     def parse(cls, params: Any) -> Filters:
         """From a query string or form (a mapping of str to str); bad values are
-        listed in ``errors`` and ignored."""
+        listed in ``errors`` (each naming its parameter) and ignored."""
         errors: list[str] = []
+        nul = nul_in({k: params.get(k, "") for k in ("scope", "state", "key", "q", "age")})
+        if nul is not None:
+            errors.append(f"{nul} holds a NUL character")
         state = params.get("state", "")
         if state and state not in {s.value for s in State}:
             errors.append(f"unknown state {state!r}")
@@ -134,7 +188,9 @@ class Filters:
             try:
                 parse_age(age)
             except ValueError:
-                errors.append(f"age {age!r} is not a duration such as 15m, 2h or 1d")
+                errors.append(
+                    f"age {age!r} is not a duration such as 15m, 2h or 1d (at most 100 years)"
+                )
                 age = ""
         after = params.get("after", "")
         if after:
@@ -143,16 +199,18 @@ class Filters:
             except ValueError:
                 errors.append("the page cursor is not valid; showing the first page")
                 after = ""
-        try:
-            limit = min(MAX_LIMIT, max(1, int(params.get("limit", 50))))
-        except ValueError:
-            errors.append("limit is not a whole number")
-            limit = 50
+        limit = 50
+        if "limit" in params:
+            try:
+                limit = parse_limit(params["limit"])
+            except ValueError as exc:
+                errors.append(str(exc))
+        clean = nul is None  # a value holding NUL never reaches a query
         return cls(
-            scope=params.get("scope", ""),
+            scope=params.get("scope", "") if clean else "",
             state=state,
-            key=params.get("key", ""),
-            q=params.get("q", ""),
+            key=params.get("key", "") if clean else "",
+            q=params.get("q", "") if clean else "",
             age=age,
             after=after,
             limit=limit,
