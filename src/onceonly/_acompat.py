@@ -19,6 +19,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from onceonly.errors import StoreError, StoreUnavailable
+
 log = logging.getLogger("onceonly.lease")
 
 T = TypeVar("T")
@@ -203,8 +205,8 @@ class Heartbeat:
             try:
                 if not beat():
                     return False
-            except Exception:  # a failed renewal is retried at the next beat
-                log.warning("lease renewal failed; retrying", exc_info=True)
+            except Exception as exc:
+                return _renewal_failed(exc)
             return True
 
     def start(self) -> None:
@@ -215,6 +217,17 @@ class Heartbeat:
             # Drop the beat (and the claim it holds): a stopped heartbeat waits in the
             # scheduler's heap until it is due, and should weigh nothing meanwhile.
             self._beat = None
+
+
+def _renewal_failed(exc: Exception) -> bool:
+    """Log a renewal that raised; whether to beat again. A store outage is retried at
+    the next beat; a store error no retry can cure (a closed store, a missing table)
+    stops the heartbeat: the lease then lapses and the fenced final write tells."""
+    if isinstance(exc, StoreError) and not isinstance(exc, StoreUnavailable):
+        log.warning("lease renewal failed for good (%s); the heartbeat stops", exc)
+        return False
+    log.warning("lease renewal failed; retrying", exc_info=True)
+    return True
 
 
 class AsyncHeartbeat:
@@ -231,8 +244,9 @@ class AsyncHeartbeat:
             try:
                 if not await self._beat():
                     return
-            except Exception:
-                log.warning("lease renewal failed; retrying", exc_info=True)
+            except Exception as exc:
+                if not _renewal_failed(exc):
+                    return
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
