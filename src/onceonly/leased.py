@@ -286,20 +286,26 @@ class Claim:
             write = dataclasses.replace(write, state=State.FAILED, attempts=self.record.attempts)
         return self._end_quietly(write, "failure")
 
-    def release(self, reason: str) -> bool:
+    def release(self, reason: str, *, unbind: bool = False) -> bool:
         """Give the key back without counting an attempt: the next request runs it again.
 
         Args:
             reason: why (kept as the record's error summary).
+            unbind: forget the fingerprint too, so the next claim of the key may carry
+                another one (and binds it): for a run that did nothing but point
+                elsewhere (an HTTP 307/308 redirect). By default the fingerprint stays
+                and another payload is still a mismatch.
 
         Returns:
             Whether the release was recorded (``False``: lease lost or store unreachable,
             logged; the lease lapses instead).
+
+        .. versionchanged:: 0.4 ``unbind``.
         """
         write = Write(
             state=State.FAILED,
             token=self.record.token,
-            fingerprint=self.record.fingerprint,
+            fingerprint=None if unbind else self.record.fingerprint,
             attempts=self.record.attempts,
             error=reason[:500],
         )

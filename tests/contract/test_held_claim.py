@@ -47,6 +47,26 @@ def test_fail_counts_release_does_not(leased_store: Any) -> None:
         r.acquire("k2", None)
 
 
+def test_release_unbound_lets_the_next_claim_bind_its_own_fingerprint(leased_store: Any) -> None:
+    """release(unbind=True) forgets the fingerprint: the next claim binds its own, and
+    a third with yet another is a mismatch again; a plain release keeps it."""
+    r = runner(leased_store)
+    kept = r.acquire("k4", "fp-a")
+    assert isinstance(kept, onceonly.Claim) and kept.release("kept") is True
+    with pytest.raises(onceonly.PayloadMismatch):
+        r.acquire("k4", "fp-b")
+    first = r.acquire("k5", "fp-a")
+    assert isinstance(first, onceonly.Claim)
+    assert first.release("sent elsewhere", unbind=True) is True
+    second = r.acquire("k5", "fp-b")
+    assert isinstance(second, onceonly.Claim) and second.record.fingerprint == "fp-b"
+    second.finish({"n": 2})
+    with pytest.raises(onceonly.PayloadMismatch):
+        r.acquire("k5", "fp-a")
+    again = r.acquire("k5", "fp-b")
+    assert isinstance(again, onceonly.Replay) and r.replay(again.record) == {"n": 2}
+
+
 def test_with_block_fails_on_error_and_releases_without_outcome(leased_store: Any) -> None:
     """The with block fails the claim on an exception, releases it when left without one."""
     r = runner(leased_store, max_attempts=5)

@@ -232,3 +232,58 @@ def test_match_route() -> None:
     """{param} matches one segment."""
     assert core.match_route(["/a", "/o/{id}/pay"], "/o/12/pay") == "/o/{id}/pay"
     assert core.match_route(["/o/{id}"], "/o/1/2") is None
+
+
+def test_concrete_path_holds_the_mount_prefix() -> None:
+    """SCRIPT_NAME/root_path then the app's path; an ASGI path may already hold it."""
+    assert core.concrete_path("/a", "/orders") == "/a/orders"
+    assert core.concrete_path("/a/", "/orders") == "/a/orders"
+    assert core.concrete_path("", "") == "/"
+    # WSGI: PATH_INFO never holds SCRIPT_NAME, so /a/a/orders stays itself
+    assert core.concrete_path("/a", "/a/orders") == "/a/a/orders"
+    assert core.concrete_path("/a", "/a/orders", may_hold_prefix=True) == "/a/orders"
+    assert core.concrete_path("/a", "/ab/orders", may_hold_prefix=True) == "/a/ab/orders"
+    fp = [core.request_fingerprint("POST", p, "", b"", {}, POLICY) for p in ("/a/o", "/b/o")]
+    assert fp[0] != fp[1]
+
+
+def test_a_trailing_slash_does_not_count_in_the_fingerprint() -> None:
+    """/items and /items/ are one request (a router redirects one to the other)."""
+    fp = [core.request_fingerprint("POST", p, "", b"", {}, POLICY) for p in ("/i", "/i/", "/j")]
+    assert fp[0] == fp[1] != fp[2]
+    root = [core.request_fingerprint("POST", p, "", b"", {}, POLICY) for p in ("/", "//")]
+    assert root[0] == root[1]
+
+
+def test_307_and_308_give_the_key_back_unbound_other_3xx_are_stored() -> None:
+    """307/308 are REDIRECTED (not stored); 301, 302 and 303 are stored."""
+    head = {"content-length": "0", "location": "/x/"}
+    for status in (307, 308):
+        ok, reason = core.should_store(status, head, POLICY)
+        assert not ok and reason is not None and reason.startswith(core.REDIRECTED)
+    for status in (301, 302, 303):
+        assert core.should_store(status, head, POLICY) == (True, None)
+
+
+def test_more_than_one_key_field_is_invalid() -> None:
+    """Two fields are 400 even when their join parses as one sf-string."""
+    h = {"idempotency-key": '"a, b"'}
+    assert isinstance(core.plan("POST", "/", h, "u", REQ, POLICY), core.Proceed)
+    two = core.plan("POST", "/", h, "u", REQ, POLICY, key_fields=2)
+    assert isinstance(two, core.Problem) and two.name == "invalid-key"
+
+
+def test_an_encoded_replay_varies_on_accept_encoding() -> None:
+    """A stored Content-Encoding adds Vary: Accept-Encoding, merged with a stored Vary."""
+    gz = core.replay_headers(core.StoredResponse(200, (("content-encoding", "gzip"),), b"x"))
+    assert ("vary", "Accept-Encoding") in gz
+    both = core.replay_headers(
+        core.StoredResponse(200, (("content-encoding", "br"), ("vary", "Origin")), b"x")
+    )
+    assert [v for n, v in both if n == "vary"] == ["Origin, Accept-Encoding"]
+    kept = core.replay_headers(
+        core.StoredResponse(200, (("content-encoding", "br"), ("vary", "accept-encoding")), b"")
+    )
+    assert [v for n, v in kept if n == "vary"] == ["accept-encoding"]
+    plain = core.replay_headers(core.StoredResponse(200, (), b"x"))
+    assert not any(n == "vary" for n, _ in plain)

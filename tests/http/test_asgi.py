@@ -358,6 +358,7 @@ async def test_gzip_replay_is_readable(client: httpx.AsyncClient, calls: list[An
     again = await client.post("/gzip", headers=hdrs())
     assert again.headers["idempotent-replayed"] == "true"
     assert again.headers["content-encoding"] == "gzip"
+    assert again.headers["vary"] == "Accept-Encoding"  # replayed in the stored encoding
     assert first.json() == again.json() == {"order": 1}
     assert calls == ["gzip"]
 

@@ -8,13 +8,16 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
+import onceonly
+from onceonly._core import http as core
+from onceonly._core.state import State
 from tests.conftest import PG_URL, drop_pg_table, require_postgres, unique_table
 from tests.http.servers import Server, serve
 
@@ -37,6 +40,28 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, st
 
 def runs(env: dict[str, str]) -> int:
     return len(Path(env["EFFECTS"]).read_text().splitlines())
+
+
+def claim_state(env: dict[str, str], key: str) -> State | None:
+    """The state of ``key``'s record for the principal ``alice``, read from the store."""
+    table = {"table": env["ONCEONLY_TABLE"]} if "ONCEONLY_TABLE" in env else {}
+    store = onceonly.open_store(env["ONCEONLY_URL"], **table)
+    try:
+        with store.session() as session:
+            record = session.get(core.scope_of("alice"), key).record
+    except onceonly.StoreError:
+        return None  # not migrated yet: nothing claimed
+    finally:
+        store.close()
+    return None if record is None else record.state
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Poll ``check`` until it holds (or fail after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "the awaited state never came"
+        time.sleep(0.02)
 
 
 def hdrs(key: str, **extra: str) -> dict[str, str]:
@@ -111,14 +136,20 @@ def test_stalled_holder_never_sends_a_second_success_body(env: dict[str, str]) -
 
         thread = threading.Thread(target=stalled)
         thread.start()
-        time.sleep(0.5)  # A claimed and runs its handler
+        # A's claim is in the store and its handler has started (it writes its effect
+        # first, then sleeps 2 s): only then is A stopped, however slow the machine
+        wait_until(lambda: claim_state(env, "lost") is State.IN_PROGRESS and runs(env) == 1)
         os.kill(a.proc.pid, signal.SIGSTOP)
         try:
-            time.sleep(1.8)  # A's lease lapses
-            winner = httpx.post(
-                b.url + "/orders", json={"item": "x"}, headers=hdrs("lost"), timeout=30
-            )
-            assert winner.status_code == 201
+            # B answers 409 while A's lease is live; once it lapses, B takes the key over
+            winner = httpx.Response(409)
+            deadline = time.monotonic() + 20
+            while winner.status_code == 409 and time.monotonic() < deadline:
+                time.sleep(0.1)
+                winner = httpx.post(
+                    b.url + "/orders", json={"item": "x"}, headers=hdrs("lost"), timeout=30
+                )
+            assert winner.status_code == 201, winner.text
         finally:
             os.kill(a.proc.pid, signal.SIGCONT)
         thread.join(30)

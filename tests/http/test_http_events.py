@@ -276,3 +276,39 @@ def test_a_stalled_holder_reports_lease_lost(tmp_path: Path) -> None:
     assert answers[0].headers.get("idempotent-replayed") == "true"
     assert [e.kind.value for e in winner] == ["completed"]
     assert [(e.scope, e.kind.value) for e in stalled] == [("http:POST /pay", "lease_lost")]
+
+
+async def test_routes_inside_a_mount_are_labelled_with_its_prefix() -> None:
+    """A route in a Starlette ``Mount`` (nested too) is labelled by the mounts' prefixes
+    and its template, never ``<unmatched>``; its marked rule applies."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Mount, Route
+
+    from onceonly.http import idempotency
+    from onceonly.http.asgi import IdempotencyMiddleware as Asgi
+
+    @idempotency("required")
+    async def pay(request: Request) -> JSONResponse:
+        return JSONResponse({"order": request.path_params["order"]}, status_code=201)
+
+    inner = [Route("/orders/{order}/pay", pay, methods=["POST"])]
+    app = Starlette(routes=[Mount("/api", routes=[Mount("/v1", routes=inner)])])
+    seen: list[Event] = []
+    store = onceonly.open_async_store("memory://")
+    mw = Asgi(app, store, principal=lambda r: "c-1", listeners=[seen.append])
+    transport = httpx.ASGITransport(app=mw)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        ran = await c.post("/api/v1/orders/7/pay", headers={"Idempotency-Key": "k-1"})
+        again = await c.post("/api/v1/orders/7/pay", headers={"Idempotency-Key": "k-1"})
+        keyless = await c.post("/api/v1/orders/8/pay")
+        nowhere = await c.post("/api/v2/x", headers={"Idempotency-Key": "k-2"})
+    await store.close()
+    assert [ran.status_code, again.status_code, keyless.status_code] == [201, 201, 400]
+    assert nowhere.status_code == 404
+    label = "http:POST /api/v1/orders/{order}/pay"
+    assert [(e.scope, e.kind.value) for e in seen] == [
+        (label, "completed"), (label, "replayed"),
+        ("http:POST <unmatched>", "completed"),
+    ]  # fmt: skip

@@ -77,9 +77,9 @@ from django.apps import apps
 apps.get_app_config("onceonly").store().migrate()
 alice = User.objects.create_user("alice", password="pw")
 
-def post(client, url, key, body=None):
+def post(client, url, key, body=None, **extra):
     r = client.post(url, body or {"card": "x"}, content_type="application/json",
-                    headers={"Idempotency-Key": key})
+                    headers={"Idempotency-Key": key}, **extra)
     return [r.status_code, r.headers.get("Idempotent-Replayed"), r.content.decode()]
 
 out = {}
@@ -93,6 +93,11 @@ out["order1"] = post(logged, "/orders/1/pay?amount=5", "k1")
 out["order2"] = post(logged, "/orders/2/pay?amount=5", "k1")
 out["amount500"] = post(logged, "/orders/1/pay?amount=500", "k1")
 out["again"] = post(logged, "/orders/1/pay?amount=5", "k1", {"card": "x"})
+
+# one site served under two script prefixes (SCRIPT_NAME): request.path holds it
+out["prefix_a"] = post(logged, "/orders/6/pay", "k-prefix", SCRIPT_NAME="/a")
+out["prefix_a2"] = post(logged, "/orders/6/pay", "k-prefix", SCRIPT_NAME="/a")
+out["prefix_b"] = post(logged, "/orders/6/pay", "k-prefix", SCRIPT_NAME="/b")
 
 MODE["principal"] = lambda request: request.user.pk  # an int, or None when anonymous
 out["int1"] = post(logged, "/orders/3/pay", "k-int")
@@ -121,7 +126,8 @@ def store_url(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
 
 
 def test_django_identity_and_principals(tmp_path: Path, store_url: tuple[str, str]) -> None:
-    """Another order or amount with one key: 422; anonymous visitors never share a key;
+    """Another order, amount or script prefix with one key: 422; anonymous visitors never
+    share a key;
     an int user id replays; the text "None" is refused (500), never shared."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     proc = subprocess.run(
@@ -146,4 +152,7 @@ def test_django_identity_and_principals(tmp_path: Path, store_url: tuple[str, st
     assert out["int1"][0] == 201 and out["int2"][:2] == [201, "true"]
     # B: "None" names no client: refused, and B never gets A's response
     assert out["none_a"][0] == out["none_b"][0] == 500
-    assert out["paid"] == [[1, "5"], [3, None]]
+    # the script prefix is part of the concrete path: another prefix is another request
+    assert out["prefix_a"][0] == 201 and out["prefix_a2"][:2] == [201, "true"]
+    assert out["prefix_b"][0] == 422 and "key-mismatch" in out["prefix_b"][2]
+    assert out["paid"] == [[1, "5"], [6, None], [3, None]]

@@ -28,6 +28,10 @@ Defaults follow draft-ietf-httpapi-idempotency-key-header; every one is a field 
 6. After the handler: 2xx, 3xx and deterministic 4xx are stored; 5xx only with
    ``store_server_errors``; 401, 403, 407, 408, 409, 423, 425 and 429 never (they depend
    on time or credentials); a response not stored gives the key back before it is sent.
+   A 307 or 308 says "send this same request to another URL" (a router's trailing-slash
+   redirect): nothing was served here, so the key is given back **unbound** (without
+   its fingerprint), and the client that follows the redirect with the same key runs
+   once there instead of getting 422.
    A response without ``Content-Length`` (a stream) or larger than
    ``max_response_bytes`` cannot be kept: the key completes as served and a duplicate
    gets 409 ``replay-unavailable`` (``RouteRule.rerun_unstored``: given back instead).
@@ -68,6 +72,8 @@ from onceonly.errors import ConfigurationError, InvalidKey, InvalidPayload, Inva
 __all__ = [
     "NEVER_STORED_HEADERS",
     "PROBLEM_TYPE_BASE",
+    "REDIRECTED",
+    "UNKEPT",
     "HttpPolicy",
     "Pass",
     "Problem",
@@ -77,6 +83,7 @@ __all__ = [
     "StoredResponse",
     "body_identity",
     "canonical_query",
+    "concrete_path",
     "decode_response",
     "encode_response",
     "encode_unavailable",
@@ -118,6 +125,17 @@ NEVER_STORED_HEADERS = frozenset(
 
 # time- or credential-dependent 4xx: a retry may well succeed, so they are not replayed
 _TRANSIENT_4XX = frozenset({401, 403, 407, 408, 409, 423, 425, 429})
+
+# "repeat this request, method and body, at Location": the request was not served here
+_RESEND_REDIRECTS = frozenset({307, 308})
+
+UNKEPT = "!"
+"""Prefix of a :func:`should_store` reason for a served response that cannot be kept (a
+stream, over the limit): the key completes without a replayable response."""
+
+REDIRECTED = ">"
+"""Prefix of a :func:`should_store` reason for a 307/308: the key is given back unbound
+(its fingerprint forgotten), so the redirected request may use it."""
 
 
 class Requirement(str, enum.Enum):
@@ -384,6 +402,8 @@ def plan(
     principal: object,
     rule: RouteRule,
     policy: HttpPolicy,
+    *,
+    key_fields: int = 1,
 ) -> Pass | Proceed | Problem:
     """What to do with a request before reading its body (rules 1-5 of the module doc).
 
@@ -394,6 +414,10 @@ def plan(
         principal: what the principal callable returned (``str``, ``int``, UUID, None).
         rule: the route's rule.
         policy: the settings.
+        key_fields: how many header fields carried the key, where the server tells
+            (ASGI hands each field apart): more than one is 400 ``invalid-key`` before
+            their joined value is parsed (``"a`` and ``b"`` join into the valid
+            ``"a, b"``). WSGI servers join the fields themselves; the join is parsed.
 
     Returns:
         Pass, a Problem to answer, or Proceed with the record's scope and the key.
@@ -409,6 +433,8 @@ def plan(
             return problem("missing-key", f"this route requires the {policy.header} header")
         return Pass()
     try:
+        if key_fields > 1:
+            raise InvalidKey(f"one key per request, not {key_fields} header fields")
         key = parse_key(raw)
     except InvalidKey as exc:
         return problem("invalid-key", f"{policy.header}: {exc.message}")
@@ -422,6 +448,30 @@ def plan(
             "are never shared between clients; authenticate the request",
         )
     return Proceed(scope_of(who, policy.namespace), key)
+
+
+def concrete_path(prefix: str, path: str, *, may_hold_prefix: bool = False) -> str:
+    """The path the client asked for: the mount prefix, then the app's path.
+
+    The prefix is where the app is mounted (WSGI ``SCRIPT_NAME``, ASGI ``root_path``):
+    two apps mounted under ``/a`` and ``/b`` that share a store must not share a
+    request's identity. WSGI's ``PATH_INFO`` never holds ``SCRIPT_NAME``; an ASGI
+    ``path`` may or may not hold ``root_path`` (servers and the spec have said both), so
+    with ``may_hold_prefix`` a path that starts with the prefix at a segment boundary
+    is taken to hold it already, as Starlette's router does.
+
+    Args:
+        prefix: the mount prefix (``""``: mounted at the root).
+        path: the app's path (``PATH_INFO``, ASGI ``path``).
+        may_hold_prefix: ``path`` may already start with ``prefix`` (ASGI).
+
+    Returns:
+        The concrete path, ``/`` when both are empty.
+    """
+    prefix = prefix.rstrip("/")
+    if may_hold_prefix and prefix and (path == prefix or path.startswith(prefix + "/")):
+        return path
+    return (prefix + path) or "/"
 
 
 def canonical_query(query: str | bytes) -> str:
@@ -523,7 +573,8 @@ def request_fingerprint(
 
     Args:
         method: the upper-case method.
-        path: the concrete path (``/orders/1/pay``, not the route template).
+        path: the concrete path (``/orders/1/pay``, not the route template); a trailing
+            slash does not count (``/items/`` is ``/items``).
         query: the raw query string (:func:`canonical_query`).
         body: the request body (:func:`body_identity`, by the ``content-type`` header).
         headers: lower-case names to values.
@@ -536,7 +587,9 @@ def request_fingerprint(
     """
     h = hashlib.sha256()
     chosen = [[n, headers.get(n)] for n in policy.fingerprint_headers]
-    head = [method, path, canonical_query(query), chosen]
+    # a trailing slash does not count: routers redirect one spelling to the other
+    # (307/308), and the client follows with the same key; its retry may use either
+    head = [method, path.rstrip("/") or "/", canonical_query(query), chosen]
     h.update(json.dumps(head).encode("utf-8", "surrogatepass"))
     h.update(b"\n")
     h.update(body_identity(body, headers.get("content-type"), rule))
@@ -550,9 +603,11 @@ def should_store(
 
     Returns:
         ``(True, None)``, or ``(False, reason)``; a reason worth a warning starts with
-        ``"!"`` (a stream or an oversized body: the effect happened but cannot be
-        replayed).
+        :data:`UNKEPT` (a stream or an oversized body: the effect happened but cannot be
+        replayed); a 307/308 starts with :data:`REDIRECTED` (nothing was served here).
     """
+    if status in _RESEND_REDIRECTS:
+        return False, f"{REDIRECTED}status {status} redirects the request; it is not stored"
     if status == 429 or status in _TRANSIENT_4XX:
         return False, f"status {status} is not stored"
     if status >= 500 and not policy.store_server_errors:

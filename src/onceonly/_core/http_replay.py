@@ -118,6 +118,18 @@ def decode_response(record: Record) -> StoredResponse:
 
 
 def replay_headers(response: StoredResponse) -> list[tuple[str, str]]:
-    """The headers of a replay: the stored ones, Content-Length and the replay marker."""
+    """The headers of a replay: the stored ones, Content-Length and the replay marker.
+
+    A stored body with a ``Content-Encoding`` is replayed in that encoding whatever the
+    retry's ``Accept-Encoding`` says, so the replay says ``Vary: Accept-Encoding``: a
+    cache in between must not hand it to a client that asked for another encoding.
+    """
     length = [] if response.status in NO_BODY else [("content-length", str(len(response.body)))]
-    return [*response.headers, *length, ("idempotent-replayed", "true")]
+    headers = list(response.headers)
+    if any(n == "content-encoding" for n, _ in headers):
+        varies = [v for n, v in headers if n == "vary"]
+        named = {p.strip().lower() for v in varies for p in v.split(",")}
+        if "accept-encoding" not in named and "*" not in named:
+            headers = [(n, v) for n, v in headers if n != "vary"]
+            headers.append(("vary", ", ".join([*varies, "Accept-Encoding"])))
+    return [*headers, *length, ("idempotent-replayed", "true")]

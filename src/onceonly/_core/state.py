@@ -15,7 +15,9 @@ Rules, in the order :func:`decide` applies them to an existing record:
 
 1. A completed record whose ``expires_at`` has passed is treated as absent: the claim
    is taken again with a fresh token, zero attempts and the new fingerprint.
-2. A different fingerprint is a :data:`Action.MISMATCH` in every other state.
+2. A different fingerprint is a :data:`Action.MISMATCH` in every other state. A record
+   without a fingerprint (written unchecked, or released unbound) mismatches nothing,
+   and a retake stores the incoming fingerprint.
 3. ``completed`` → :data:`Action.REPLAY` of the stored result (or cached error).
 4. ``dead`` → :data:`Action.DEAD`; only an operator redrive leaves it.
 5. ``in_progress`` under the caller's own token is a claim the caller stored but never
@@ -308,13 +310,12 @@ def decide(
         and comparable(record.fingerprint, fingerprint)
     ):
         return Decision(Action.MISMATCH, record)
-    if (
-        fingerprint is not None
-        and record.fingerprint is not None
-        and not comparable(record.fingerprint, fingerprint)
+    if fingerprint is not None and (
+        record.fingerprint is None or not comparable(record.fingerprint, fingerprint)
     ):
-        # Stored by another fingerprint scheme: not comparable, so not a mismatch; a
-        # retake stores the incoming one, so the key is checked again from then on.
+        # Stored by another fingerprint scheme, or without one (a claim released
+        # unbound): not a mismatch; a retake stores the incoming one, so the key is
+        # checked again from then on.
         record_fp: str | None = fingerprint
     else:
         record_fp = record.fingerprint

@@ -3,7 +3,8 @@
 
 The claim, every write the handler makes through ``tx`` (``scope["onceonly.tx"]`` /
 ``environ["onceonly.tx"]``) and the stored response commit in one transaction; a response
-that is not stored (5xx, 429, …) rolls all of it back and is sent as it is. A response
+that is not stored (5xx, 429, …) rolls all of it back and is sent as it is (a 307/308
+redirect records nothing at all, so the redirected request may use the key). A response
 that cannot be stored (a stream, over the limit) rolls back too and the client gets 500
 ``response-not-stored``: the handler's effects never commit without their response. A
 server that dies mid-request commits nothing, so the retry runs on a clean slate.
@@ -58,6 +59,16 @@ class _NotStored(Exception):
         self.reason = reason
 
 
+class _Redirected(BaseException):
+    """Raised inside the inbox handler for a 307/308: not an ``Exception``, so the inbox
+    rolls the run back, its claim with it, and records no failed attempt (the key stays
+    free for the redirected request)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 def _options(
     store: object,
     step: core.Proceed,
@@ -104,6 +115,8 @@ def _check(status: int, headers: list[tuple[str, str]], size: int, policy: core.
     ok, reason = core.should_store(status, {n.lower(): v for n, v in headers}, policy)
     if ok and size > policy.max_response_bytes:
         ok, reason = False, f"!the response is over the {policy.max_response_bytes} byte limit"
+    if not ok and reason is not None and reason.startswith(core.REDIRECTED):
+        raise _Redirected(reason[1:])
     if not ok:
         raise _NotStored(reason or "not stored")
 
@@ -136,7 +149,7 @@ def _answer(
 
 
 def _not_stored(
-    exc: _NotStored, step: core.Proceed, response: _Response
+    exc: _NotStored | _Redirected, step: core.Proceed, response: _Response
 ) -> tuple[int, list[tuple[str, str]], bytes]:
     if not exc.reason.startswith("!"):
         return response.status, response.headers, response.body
@@ -212,7 +225,7 @@ async def run_asgi(
                     got = await slower.process(step.key, None, handler)
                 except InFlight as again:
                     raise _lock_timeout(again) if again.key is None else again from None
-        except _NotStored as exc:
+        except (_NotStored, _Redirected) as exc:
             answer = _not_stored(exc, step, response)
         except _CLAIM_ERRORS as exc:
             problem = problem_for(exc, settings.policy.header)
@@ -270,7 +283,7 @@ def run_wsgi(
                 got = Inbox(store, **_lock_inbox(options, exc)).process(step.key, None, handler)
             except InFlight as again:
                 raise _lock_timeout(again) if again.key is None else again from None
-    except _NotStored as exc:
+    except (_NotStored, _Redirected) as exc:
         return _not_stored(exc, step, response)
     except _CLAIM_ERRORS as exc:
         problem = problem_for(exc, settings.policy.header)

@@ -19,6 +19,8 @@ held-claim API of :mod:`onceonly.leased_async`:
    send. A response not stored gives the key back first (an immediate retry runs, never
    409). A response that cannot be kept (a stream, over the limit) completes the key as
    served (duplicates: 409 ``replay-unavailable``) unless the route opts into re-running.
+   A 307/308 redirect gives the key back unbound: the client follows it with the same
+   key to another path, which runs there once (never 422).
    A holder that lost its lease sends the winner's stored response or 409, never its own
    success body. The final write gets one total budget (``final_write_budget``, default
    5 s): past it the client gets its own response and the outage is logged.
@@ -185,8 +187,9 @@ class AsyncExchange:
 
     def storable(self, status: int, headers: list[tuple[str, str]]) -> str | None:
         """Why a response starting with ``status`` and ``headers`` is not stored, or
-        ``None`` when it is; a reason starting with ``"!"`` means it cannot be kept
-        (a stream, over the limit) although the request was served."""
+        ``None`` when it is; a reason starting with ``"!"`` (:data:`core.UNKEPT`) means
+        it cannot be kept (a stream, over the limit) although the request was served;
+        ``">"`` (:data:`core.REDIRECTED`): a 307/308, the key is given back unbound."""
         ok, reason = core.should_store(status, {n.lower(): v for n, v in headers}, self.policy)
         return None if ok else (reason or "not stored")
 
@@ -234,7 +237,13 @@ class AsyncExchange:
             ``None``: send the response; or the answer to send instead (the lease was
             lost and another request's response is stored).
         """
-        if not reason.startswith("!"):
+        if reason.startswith(core.REDIRECTED):
+            # "send this request to Location": nothing was served here, and the client
+            # follows with the same key to another path, which must be free to bind it
+            self.events.not_stored(reason[1:])
+            await self.claim.release(reason[1:], unbind=True)
+            return None
+        if not reason.startswith(core.UNKEPT):
             self.events.not_stored(reason)
             await self.claim.release(reason)
             return None

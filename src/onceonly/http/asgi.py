@@ -49,19 +49,37 @@ def _headers(scope: Scope) -> dict[str, str]:
     return out
 
 
-def _starlette_route(scope: Scope, app: object) -> Any:
-    """The Starlette/FastAPI route (not a mount) that will serve the request, if any."""
+def _fields(scope: Scope, header: str) -> int:
+    """How many header fields named ``header`` (lower-case) the request carries."""
+    wanted = header.encode("latin-1")
+    return sum(1 for name, _ in scope.get("headers", ()) if bytes(name).lower() == wanted)
+
+
+def _starlette_route(scope: Scope, app: object) -> tuple[str, Any] | None:
+    """The Starlette/FastAPI route that will serve the request and its whole template
+    (the prefixes of the Mount routes it sits in, then its own path), if any."""
     router = getattr(scope.get("app", app), "router", None)
-    routes = getattr(router, "routes", None)
+    return _find_route(getattr(router, "routes", None), scope, "", 0)
+
+
+def _find_route(routes: Any, scope: Scope, prefix: str, depth: int) -> tuple[str, Any] | None:
     for route in routes or ():
-        if not hasattr(route, "endpoint") or not hasattr(route, "path"):
-            continue  # a Mount or a Host: its path is a prefix, not one route
+        path = getattr(route, "path", None)
+        if not isinstance(path, str):
+            continue  # a Host: no path to label the route with
         try:
-            match, _ = route.matches(scope)
+            match, child = route.matches(scope)
         except Exception:
             continue
-        if getattr(match, "name", "") == "FULL":
-            return route
+        if getattr(match, "name", "") != "FULL":
+            continue
+        if hasattr(route, "endpoint"):
+            return prefix + path, route
+        inner = getattr(route, "routes", None)
+        if not inner or depth >= 8:
+            return None
+        # a Mount: the router stops at it, and its routes see the scope it makes
+        return _find_route(inner, {**scope, **child}, prefix + path, depth + 1)
     return None
 
 
@@ -226,9 +244,10 @@ class IdempotencyMiddleware:
 
     def _route(self, scope: Scope, method: str, path: str) -> tuple[str | None, core.RouteRule]:
         """The matched route template (``None``: no route matched) and the rule."""
-        found = _starlette_route(scope, self.app)
+        matched = _starlette_route(scope, self.app)
+        found = matched[1] if matched is not None else None
         listed = self.settings.table_rule(method, path)
-        template = str(found.path) if found is not None else (listed or (None, None))[0]
+        template = matched[0] if matched is not None else (listed or (None, None))[0]
         if listed is not None:
             return template, listed[1]
         if found is not None:
@@ -247,14 +266,20 @@ class IdempotencyMiddleware:
         if scope["type"] != "http" or scope["method"] not in policy.methods:
             await self.app(scope, receive, send)
             return
-        method, path = str(scope["method"]), str(scope["path"])
+        method = str(scope["method"])
+        root = str(scope.get("root_path", ""))
+        # the identity's path holds the mount prefix; rules and labels are the app's
+        concrete = core.concrete_path(root, str(scope["path"]), may_hold_prefix=True)
+        prefix = root.rstrip("/")
+        path = (concrete[len(prefix) :] or "/") if prefix else concrete
         route, rule = self._route(scope, method, path)
         headers = _headers(scope)
         principal = None
         if policy.header.lower() in headers and rule.requirement is not core.Requirement.OFF:
             request = HttpRequest(method, path, route or path, headers, scope)
             principal = self.settings.principal(request)
-        step = core.plan(method, route or path, headers, principal, rule, policy)
+        fields = _fields(scope, policy.header.lower())
+        step = core.plan(method, route or path, headers, principal, rule, policy, key_fields=fields)
         if isinstance(step, core.Pass):
             await self.app(scope, receive, send)
             return
@@ -280,7 +305,7 @@ class IdempotencyMiddleware:
             rule,
             method=method,
             route=route,
-            path=path,
+            path=concrete,
             query=bytes(scope.get("query_string", b"")),
             body=body,
             headers=headers,

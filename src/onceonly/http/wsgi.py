@@ -42,6 +42,42 @@ def _headers(environ: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+_READ_SIZE = 64 * 1024
+
+
+def _read_body(environ: Environ, limit: int) -> bytes | None:
+    """The whole request body, or ``None`` when it is over ``limit`` bytes.
+
+    ``read(n)`` may return fewer bytes than asked (a chunked request through an
+    unbuffered stream gives one chunk per call), so the body is read until
+    ``CONTENT_LENGTH`` bytes came or the stream ends; without a length, only an input
+    the server terminates (``wsgi.input_terminated``) is read, to its end. A declared
+    length over ``limit`` is refused unread; an undeclared one is read no further than
+    one byte past it.
+    """
+    try:
+        length: int | None = int(environ.get("CONTENT_LENGTH") or "")
+    except ValueError:
+        length = None
+    if length is not None and length > limit:
+        return None  # refused unread
+    if length is None and not environ.get("wsgi.input_terminated"):
+        length = 0  # PEP 3333: nothing may be read past a missing CONTENT_LENGTH
+    stream = environ["wsgi.input"]
+    wanted = limit + 1 if length is None else length
+    chunks: list[bytes] = []
+    size = 0
+    while size < wanted:
+        chunk = stream.read(min(_READ_SIZE, wanted - size))
+        if not chunk:
+            break  # the end of the input (a client that sent less than it declared)
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > limit:
+        return None
+    return b"".join(chunks)
+
+
 def _respond(
     start_response: StartResponse, status: str, headers: list[tuple[str, str]], body: bytes
 ) -> list[bytes]:
@@ -143,6 +179,8 @@ class IdempotencyMiddleware:
         if method not in policy.methods:
             return self.app(environ, start_response)
         path = str(environ.get("PATH_INFO", "")) or "/"
+        # the identity's path holds the mount prefix; rules and labels are the app's
+        concrete = core.concrete_path(str(environ.get("SCRIPT_NAME", "")), path)
         route, rule = self._route(environ, method, path)
         headers = _headers(environ)
         principal = None
@@ -154,21 +192,12 @@ class IdempotencyMiddleware:
             return self.app(environ, start_response)
         if isinstance(step, core.Problem):
             return _problem(start_response, step)
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = 0
         limit = policy.max_request_bytes
-        too_large = core.problem(
-            "request-too-large", f"requests carrying a key are limited to {limit} bytes"
-        )
-        if length > limit:
-            return _problem(start_response, too_large)  # refused unread
-        stream = environ["wsgi.input"]
-        body = stream.read(length) if length else b""
-        if not length and environ.get("wsgi.input_terminated"):
-            body = stream.read(limit + 1)
-        if len(body) > limit:
+        body = _read_body(environ, limit)
+        if body is None:
+            too_large = core.problem(
+                "request-too-large", f"requests carrying a key are limited to {limit} bytes"
+            )
             return _problem(start_response, too_large)
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
@@ -177,7 +206,7 @@ class IdempotencyMiddleware:
             rule,
             method=method,
             route=route,
-            path=path,
+            path=concrete,
             query=str(environ.get("QUERY_STRING", "")),
             body=body,
             headers=headers,

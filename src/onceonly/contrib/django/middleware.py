@@ -63,6 +63,16 @@ def _parts(response: HttpResponseBase) -> tuple[int, list[tuple[str, str]], byte
     return response.status_code, headers, body
 
 
+def _key_fields(request: HttpRequest, header: str) -> int:
+    """How many ``header`` fields the request carries: under ASGI, counted in the
+    scope (Django joins them into one value); under WSGI the server joined them, 1."""
+    scope = getattr(request, "scope", None)
+    if not isinstance(scope, dict):
+        return 1
+    wanted = header.lower().encode("latin-1")
+    return sum(1 for name, _ in scope.get("headers", ()) if bytes(name).lower() == wanted)
+
+
 class IdempotencyMiddleware:
     """Honour the ``Idempotency-Key`` header (configured by ``settings.ONCEONLY_HTTP``).
 
@@ -122,7 +132,15 @@ class IdempotencyMiddleware:
         principal = None
         if policy.header.lower() in headers and rule.requirement is not core.Requirement.OFF:
             principal = self.principal(request)
-        step = core.plan(method, route or request.path_info, headers, principal, rule, policy)
+        step = core.plan(
+            method,
+            route or request.path_info,
+            headers,
+            principal,
+            rule,
+            policy,
+            key_fields=_key_fields(request, policy.header),
+        )
         if isinstance(step, core.Pass):
             return self.get_response(request)
         if isinstance(step, core.Problem):
@@ -137,7 +155,7 @@ class IdempotencyMiddleware:
             rule,
             method=method,
             route=route,
-            path=request.path_info,
+            path=request.path,  # the script prefix (SCRIPT_NAME, root_path) included
             query=str(request.META.get("QUERY_STRING", "")),
             body=request.body,
             headers=headers,
@@ -203,7 +221,7 @@ class IdempotencyMiddleware:
                 # begins it itself on SQLite)
                 raw: Any = connections[DEFAULT_DB_ALIAS].connection
                 got = inbox.process(step.key, None, handler, connection=raw)
-        except _atomic._NotStored as exc:
+        except (_atomic._NotStored, _atomic._Redirected) as exc:
             if exc.reason.startswith("!"):
                 log.warning("%s/%s: %s; rolled back", step.scope, step.key, exc.reason[1:])
                 detail = exc.reason[1:] + "; nothing was committed"
