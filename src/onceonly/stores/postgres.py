@@ -44,7 +44,7 @@ so SQL run directly on ``session.connection`` before it is still inside the tran
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from typing import Any
@@ -273,6 +273,11 @@ class PostgresStore(PooledConnections):
             with _DriverErrors():
                 self._pool.open()
             self._opened = True
+
+    @property
+    def connection_source(self) -> Hashable:
+        """The connection pool (see :attr:`onceonly.types.Store.connection_source`)."""
+        return self._pool
 
     def close(self) -> None:
         """Close the pool if the store created it; the store cannot be used afterwards."""

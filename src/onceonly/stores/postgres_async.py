@@ -43,7 +43,7 @@ so SQL run directly on ``session.connection`` before it is still inside the tran
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -274,6 +274,11 @@ class AsyncPostgresStore(AsyncPooledConnections):
             with _DriverErrors():
                 await self._pool.open()
             self._opened = True
+
+    @property
+    def connection_source(self) -> Hashable:
+        """The connection pool (see :attr:`onceonly.types.Store.connection_source`)."""
+        return self._pool
 
     async def close(self) -> None:
         """Close the pool if the store created it; the store cannot be used afterwards."""
