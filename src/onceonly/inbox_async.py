@@ -158,7 +158,7 @@ class AsyncInbox:
         self._fingerprint = fingerprint
         self._fields = tuple(fields) if fields is not None else None
         self.keep_payload = keep_payload
-        self.max_result_bytes = max_result_bytes
+        self.max_result_bytes = codec.checked_max_bytes(max_result_bytes)
         self.result_type = result_type
         self.precount_attempts = precount_attempts
         if outbox is None and getattr(store, "dialect", None) in _SQL and not leased:
@@ -394,7 +394,12 @@ class AsyncInbox:
         Raises:
             StoreUnavailable: the store went away (also inside a handler): nothing of the
                 batch committed; redeliver all of it.
-            TransactionError: a handler ended the batch's transaction (nothing committed).
+            TransactionError: a handler broke the batch's transaction (nothing committed),
+                or ended it itself (``TransactionEnded``): then what came before its end
+                is as the database left it: a ``COMMIT`` it sent committed the earlier
+                messages (completed, replayed on redelivery) and its own claim
+                (``in_progress``, taken over and counted on redelivery, never a success);
+                a ``ROLLBACK`` discarded them. Redeliver the batch either way.
             StoreError: the database refused the batch's ``COMMIT`` (a deferred
                 constraint): nothing committed and nothing counted, as the batch cannot
                 tell whose writes it refused; run its messages one at a time with

@@ -437,7 +437,7 @@ class AsyncLeasedRunner:
         self.ttl = ttl
         self.wait = wait
         self.cache_errors = cache_errors
-        self.max_result_bytes = max_result_bytes
+        self.max_result_bytes = codec.checked_max_bytes(max_result_bytes)
         self.result_type = result_type
         self.keep_payload = keep_payload
         # key -> token of a claim whose reply was lost in a call that then gave up

@@ -64,7 +64,12 @@ from onceonly.errors import (
     ConfigurationError,
     StoreError,
 )
-from onceonly.stores._postgres_conninfo import _conninfo, _is_local, _libpq_seconds
+from onceonly.stores._postgres_conninfo import (
+    _conninfo,
+    _is_local,
+    _libpq_seconds,
+    check_conninfo,
+)
 from onceonly.stores._postgres_errors import _DriverErrors
 from onceonly.stores._postgres_partitioned import check_period, check_table, records_ddl
 from onceonly.stores._postgres_partitioned import statements as partitioned_statements
@@ -196,6 +201,7 @@ class PostgresStore(PooledConnections):
         else:
             if not url_or_conninfo:
                 raise ConfigurationError("give the PostgreSQL URL (or conninfo) or a pool")
+            check_conninfo(url_or_conninfo)
             self.url = url_or_conninfo
             # When each connection went back to the pool (see _check_if_idle).
             self._returned: dict[int, float] = {}
