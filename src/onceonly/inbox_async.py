@@ -80,7 +80,6 @@ T = TypeVar("T")
 _SQL = ("sqlite", "postgresql", "mysql")  # stores with an outbox table
 
 
-
 class AsyncInbox:
     """Process each message once: claim, handler writes and completion in one transaction
     (atomic mode), or under a renewed, fenced lease (leased mode, spec §1.4a).

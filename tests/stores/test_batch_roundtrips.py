@@ -19,10 +19,10 @@ def test_batch_round_trips(
     pg_store_factory: StoreFactory, pipeline: bool | None, per_message: int
 ) -> None:
     """Joined to a caller's transaction: the batch's savepoint and release, and per new
-    message its savepoint, claim, the handler's insert, the completion update and release (the savepoint rides
-    with the claim unless ``pipeline=False``, by default too); a replay is the same
-    without the insert and the update. Counted after a warm-up (psycopg prepares statements on their
-    fifth run)."""
+    message its savepoint, claim, the handler's insert, the completion update and
+    release (the savepoint rides with the claim unless ``pipeline=False``, by default
+    too); a replay is the same without the insert and the update. Counted after a
+    warm-up (psycopg prepares statements on their fifth run)."""
     store = pg_store_factory(pipeline=pipeline)
     store.migrate()
     table = f"{pg_store_factory.table}_ledger"

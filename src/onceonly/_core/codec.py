@@ -78,6 +78,8 @@ def checked_max_bytes(value: object, what: str = "max_result_bytes") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(f"{what} must be a positive number of bytes, not {value!r}")
     return value
+
+
 """Marks a result stored by the typed encoding (never the start of JSON text)."""
 
 

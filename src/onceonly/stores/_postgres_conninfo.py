@@ -15,7 +15,37 @@ from psycopg.conninfo import conninfo_to_dict
 
 from onceonly.errors import ConfigurationError
 
-__all__ = ["_conninfo", "_describe", "_is_local", "_libpq_seconds", "check_conninfo"]
+__all__ = [
+    "_conninfo",
+    "_describe",
+    "_is_local",
+    "_libpq_seconds",
+    "_tcp_defaults",
+    "check_conninfo",
+]
+
+# TCP keepalives of the store's connections: an idle one to a dead host is found in
+# about idle + interval * count seconds (instead of the kernel's two hours)
+_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+
+def _tcp_defaults(url: str, read_timeout: float | None) -> dict[str, int]:
+    """libpq TCP settings for the store's connections, where ``url`` sets none of its own:
+    keepalives, and ``tcp_user_timeout`` (data unacknowledged this long: the connection
+    is dead; Linux) at ``read_timeout``."""
+    try:
+        given = conninfo_to_dict(_conninfo(url))
+    except psycopg.Error:
+        given = {}
+    defaults = dict(_KEEPALIVES)
+    if read_timeout is not None:
+        defaults["tcp_user_timeout"] = max(1, round(read_timeout * 1000))
+    return {name: value for name, value in defaults.items() if name not in given}
 
 
 def _conninfo(url: str) -> str:

@@ -227,7 +227,10 @@ class MemoryStore:
 
     @property
     def connection_source(self) -> Hashable:
-        """This store (see :attr:`onceonly.types.Store.connection_source`)."""
+        """This store.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
         return self
 
     def migrate(self) -> None:

@@ -236,7 +236,10 @@ class MySQLStore:
 
     @property
     def connection_source(self) -> Hashable:
-        """This store: it opens connections as it needs them (see :attr:`onceonly.types.Store.connection_source`)."""
+        """This store: it opens connections as it needs them.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
         return self
 
     def close(self) -> None:

@@ -100,7 +100,10 @@ class AsyncMySQLEngineStore(AsyncMySQLStore):
 
     @property
     def connection_source(self) -> Hashable:
-        """The SQLAlchemy engine, whose pool lends the connections (see :attr:`onceonly.types.Store.connection_source`)."""
+        """The SQLAlchemy engine, whose pool lends the connections.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
         engine: Hashable = self.engine
         return engine
 

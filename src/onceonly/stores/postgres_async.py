@@ -67,6 +67,7 @@ from onceonly.stores._postgres_conninfo import (
     _conninfo,
     _is_local,
     _libpq_seconds,
+    _tcp_defaults,
     check_conninfo,
 )
 from onceonly.stores._postgres_errors import _DriverErrors
@@ -77,6 +78,7 @@ from onceonly.stores._postgres_sql import (
     _records_ddl,
     _Statements,
 )
+from onceonly.stores._postgres_watchdog import Watchdog
 from onceonly.stores.postgres_partitions_async import AsyncPostgresPartitions
 from onceonly.stores.postgres_pool_async import AsyncPooledConnections
 from onceonly.stores.postgres_schema_async import (
@@ -144,6 +146,13 @@ class AsyncPostgresStore(AsyncPooledConnections):
             ``True``: always (session pooling, PgBouncer >= 1.21 with
             ``max_prepared_statements``; a pooler seen is logged as a warning).
             ``False``: never. See docs/stores.md, "Behind PgBouncer".
+        read_timeout: seconds a round trip of the store's own statements (claim, get,
+            completion, renewal, ``BEGIN``/``COMMIT``) may take, plus the lock wait it
+            may spend, before its connection is closed and
+            :class:`~onceonly.StoreUnavailable` raised (a server that stopped answering);
+            ``None``: no bound. The handler's own SQL is not bounded. Connections the
+            store opens also get libpq TCP keepalives and ``tcp_user_timeout`` (a dead
+            host or network), unless the URL sets them.
 
     Attributes:
         url: the URL or conninfo the store was given.
@@ -179,12 +188,21 @@ class AsyncPostgresStore(AsyncPooledConnections):
         pipeline: bool | None = None,
         connect_timeout: float = 5.0,
         prepare: bool | None = None,
+        read_timeout: float | None = 10.0,
     ) -> None:
         if not (isinstance(connect_timeout, (int, float)) and 0 < connect_timeout < 1e6):
             raise ConfigurationError(
                 f"connect_timeout must be a positive number of seconds, not {connect_timeout!r}"
             )
+        if read_timeout is not None and not (
+            isinstance(read_timeout, (int, float)) and 0 < read_timeout < 1e6
+        ):
+            raise ConfigurationError(
+                f"read_timeout must be a positive number of seconds or None, not {read_timeout!r}"
+            )
         self.connect_timeout = float(connect_timeout)
+        self.read_timeout = None if read_timeout is None else float(read_timeout)
+        self._watchdog = Watchdog(table)
         self._init_prepare(prepare)
         # until a connection has been handed out once, a checkout waits connect_timeout
         # (not the pool's timeout) and then says why the server cannot be reached
@@ -213,7 +231,11 @@ class AsyncPostgresStore(AsyncPooledConnections):
                 max_size=max_size,
                 timeout=timeout,
                 # transactions send BEGIN themselves; libpq takes whole seconds (>= 2)
-                kwargs={"autocommit": True, "connect_timeout": _libpq_seconds(connect_timeout)},
+                kwargs={
+                    "autocommit": True,
+                    "connect_timeout": _libpq_seconds(connect_timeout),
+                    **_tcp_defaults(url_or_conninfo, self.read_timeout),
+                },
                 # a connection the server dropped while idle (idle timeout, restart,
                 # failover) is replaced at checkout, not handed to a claim or completion
                 check=self._check_if_idle,
@@ -283,12 +305,16 @@ class AsyncPostgresStore(AsyncPooledConnections):
 
     @property
     def connection_source(self) -> Hashable:
-        """The connection pool (see :attr:`onceonly.types.Store.connection_source`)."""
+        """The connection pool.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
         return self._pool
 
     async def close(self) -> None:
         """Close the pool if the store created it; the store cannot be used afterwards."""
         self._closed = True
+        self._watchdog.close()
         if self._owns_pool:
             await self._pool.close()
 

@@ -200,7 +200,10 @@ class RedisStore:
 
     @property
     def connection_source(self) -> Hashable:
-        """This store and its client (see :attr:`onceonly.types.Store.connection_source`)."""
+        """This store and its client.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
         return self
 
     def migrate(self) -> None:

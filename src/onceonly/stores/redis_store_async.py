@@ -201,7 +201,10 @@ class AsyncRedisStore:
 
     @property
     def connection_source(self) -> Hashable:
-        """This store and its client (see :attr:`onceonly.types.Store.connection_source`)."""
+        """This store and its client.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
         return self
 
     async def migrate(self) -> None:

@@ -405,7 +405,10 @@ class SQLiteStore:
     # -- the contract
     @property
     def connection_source(self) -> Hashable:
-        """The database file, resolved: its single writer is shared by every store on it (see :attr:`onceonly.types.Store.connection_source`)."""
+        """The database file, resolved: its single writer is shared by every store on it.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
         return ("sqlite", os.path.realpath(self.path))
 
     def migrate(self) -> None:

@@ -114,7 +114,10 @@ class ThreadedAsyncStore:
 
     @property
     def connection_source(self) -> Hashable:
-        """The wrapped store's (see :attr:`onceonly.types.Store.connection_source`)."""
+        """The wrapped store's.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
         return self.sync.connection_source
 
     async def migrate(self) -> None:

@@ -418,7 +418,10 @@ class AsyncTieredStore:
 
     @property
     def connection_source(self) -> Hashable:
-        """The durable store's (the tiers hold no transaction) (see :attr:`onceonly.types.Store.connection_source`)."""
+        """The durable store's (the tiers hold no transaction).
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
         return self.durable.connection_source
 
     async def migrate(self) -> None:

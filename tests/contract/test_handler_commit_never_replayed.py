@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """A handler that ends the inbox's transaction itself must never be reported a success.
 
 docs/spec.md §1.3.1a: "a delivery is reported as a success only when its claim and its
@@ -11,6 +12,7 @@ Atomic mode writes the claim directly as ``completed`` (§1.1). A handler that s
 ``completed`` and is answered a replayed success with ``None`` (it acks the message). A
 worker killed in between leaves the key ``completed`` with ``None`` for ever.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,7 +69,7 @@ def test_duplicate_during_handler_commit_is_not_a_replayed_success(url):
         def run(name, handler):
             try:
                 results[name] = inbox.process("k", {"n": 1}, handler)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 results[name] = exc
 
         first = threading.Thread(target=run, args=("first", misbehaving))
@@ -93,7 +95,8 @@ def test_duplicate_during_handler_commit_is_not_a_replayed_success(url):
 
 def test_worker_killed_after_handler_commit_leaves_no_completed_record(url, tmp_path):
     script = tmp_path / "worker.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, signal, onceonly
         store = onceonly.open_store({url!r}, migrate=True)
         inbox = onceonly.Inbox(store, consumer="commit-kill", max_attempts=3)
@@ -101,7 +104,8 @@ def test_worker_killed_after_handler_commit_leaves_no_completed_record(url, tmp_
             tx.execute("COMMIT")
             os.kill(os.getpid(), signal.SIGKILL)
         inbox.process("k", {{"n": 1}}, misbehaving)
-    """))
+    """)
+    )
     env = dict(os.environ)
     proc = subprocess.run([sys.executable, str(script)], env=env, timeout=60)
     assert proc.returncode == -9

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """PostgreSQL outages that cost far more than the store's bounds.
 
 1. A server that refuses connections: only the first call fails fast; every later call
@@ -8,6 +9,7 @@
    that swallows replies): the call never returns. Redis has ``socket_timeout``; the
    PostgreSQL store has no bound at all, so the delivery is stuck for ever.
 """
+
 from __future__ import annotations
 
 import threading
@@ -18,8 +20,7 @@ import psycopg
 import pytest
 
 import onceonly
-
-from ._proxy import Proxy
+from tests.faults._cutproxy import Proxy
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -68,7 +69,7 @@ def test_a_server_that_stops_answering_does_not_hang_the_call(dbname):
             outcome["r"] = onceonly.Inbox(store, consumer="atk-stall").process(
                 "k", {}, lambda m, tx: 1
             )
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             outcome["r"] = exc
         done.set()
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """A leased call inside an atomic handler on the same store, seen through a TieredStore.
 
 docs/modes.md "A leased call inside an atomic handler": an ``@idempotent`` function called
@@ -7,6 +8,7 @@ counted, "so it ends dead rather than coming back for ever". Wrapping either sid
 delivery waits for the SQLite busy timeout twice (~10 s) and raises an uncounted
 ``StoreUnavailable``, so a consumer retries it for ever (the bug the fix was for).
 """
+
 from __future__ import annotations
 
 import time
@@ -23,6 +25,7 @@ def test_nested_idempotent_through_tiered_store_is_refused_at_once(tmp_path, wra
     tiered = TieredStore(durable, local=LocalTier(size=100, ttl=60))
     inbox_store, decorator_store = (tiered, durable) if wrapped == "inbox" else (durable, tiered)
     try:
+
         @onceonly.idempotent(decorator_store, key=lambda x: x, scope="atk.nested", wait=1)
         def effect(x):
             return x
@@ -37,3 +40,41 @@ def test_nested_idempotent_through_tiered_store_is_refused_at_once(tmp_path, wra
             inbox.process("k", {}, lambda m, tx: effect("a"))
     finally:
         durable.close()
+
+
+def test_a_second_store_on_the_same_sqlite_file_is_refused_at_once(tmp_path):
+    """Two open_store() calls on one SQLite file share its single writer: refused."""
+    url = f"sqlite:///{tmp_path / 'n.db'}"
+    first = onceonly.open_store(url, migrate=True)
+    second = onceonly.open_store(url)
+    try:
+
+        @onceonly.idempotent(second, key=lambda x: x, scope="nested.file", wait=1)
+        def effect(x):
+            return x
+
+        inbox = onceonly.Inbox(first, consumer="nested-file", max_attempts=1)
+        started = time.monotonic()
+        with pytest.raises(onceonly.ConfigurationError):
+            inbox.process("k", {}, lambda m, tx: effect("a"))
+        assert time.monotonic() - started < 2.0, "not refused at once"
+    finally:
+        second.close()
+        first.close()
+
+
+def test_a_second_postgres_store_has_its_own_pool_and_is_allowed(pg_store_factory):
+    """Another open_store() on PostgreSQL has a pool of its own: the nested call runs."""
+    first = pg_store_factory()
+    first.migrate()
+    second = onceonly.open_store(pg_store_factory.url, table=pg_store_factory.table)
+    try:
+
+        @onceonly.idempotent(second, key=lambda x: x, scope="nested.pg", wait=1)
+        def effect(x):
+            return x
+
+        inbox = onceonly.Inbox(first, consumer="nested-pg", max_attempts=1)
+        assert inbox.process("k", {}, lambda m, tx: effect("a")).result == "a"
+    finally:
+        second.close()

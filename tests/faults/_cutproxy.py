@@ -1,7 +1,10 @@
+# SPDX-License-Identifier: MIT
 """A loopback TCP proxy for the attack tests: 'pass', 'drop' (requests go through,
 replies are swallowed) or 'cut' (every connection closed, new ones refused)."""
+
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import threading
@@ -50,17 +53,13 @@ class Proxy:
         except (OSError, ValueError):
             pass
         for x in (c, s):
-            try:
+            with contextlib.suppress(OSError):
                 x.close()
-            except OSError:
-                pass
 
     def close(self) -> None:
         self.stopped = True
         self.ls.close()
         for c, s in self.conns:
             for x in (c, s):
-                try:
+                with contextlib.suppress(OSError):
                     x.close()
-                except OSError:
-                    pass
