@@ -6,6 +6,10 @@ inside an atomic handler on the **same** store, it needs a second connection whi
 handler holds one: SQLite's single writer waits for its own transaction, and a pool
 whose every connection is held by a handler waits for itself until the pool timeout, an
 outage the consumers retry for ever. Such a call is refused at once instead.
+
+"The same store" is decided by the stores' ``connection_source`` (the store contract,
+:mod:`onceonly.types`): a second ``open_store()`` on the same SQLite file, or a
+``TieredStore`` over the handler's store, is the same store here.
 """
 
 from __future__ import annotations
@@ -15,16 +19,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from onceonly.errors import ConfigurationError
+from onceonly.types import AsyncStore, Store
 
 __all__ = ["inside_atomic_handler", "refuse_nested"]
 
-_store: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+_store: contextvars.ContextVar[Store | AsyncStore | None] = contextvars.ContextVar(
     "onceonly_atomic_handler_store", default=None
 )
 
 
 @contextmanager
-def inside_atomic_handler(store: object) -> Iterator[None]:
+def inside_atomic_handler(store: Store | AsyncStore) -> Iterator[None]:
     """Mark the handler run in this context as inside ``store``'s atomic transaction."""
     reset = _store.set(store)
     try:
@@ -33,14 +38,17 @@ def inside_atomic_handler(store: object) -> Iterator[None]:
         _store.reset(reset)
 
 
-def refuse_nested(store: object, what: str) -> None:
+def refuse_nested(store: Store | AsyncStore, what: str) -> None:
     """Raise if this context runs an atomic handler on ``store`` (see the module doc).
 
     Raises:
         ConfigurationError: ``what`` is a leased call on the store of the atomic
             handler it runs in.
     """
-    if _store.get() is store:
+    running = _store.get()
+    if running is not None and (
+        running is store or running.connection_source == store.connection_source
+    ):
         raise ConfigurationError(
             f"{what} runs inside an atomic handler on the same store: its record would "
             "need a second connection of that store while the handler holds one, which "

@@ -108,7 +108,7 @@ class _Idempotent:
         self.fingerprint = fingerprint
         self.check_arguments = check_arguments
         self.cache_errors = cache_errors
-        self.max_result_bytes = max_result_bytes
+        self.max_result_bytes = codec.checked_max_bytes(max_result_bytes)
         self.listeners = tuple(listeners)
 
     def _fp(

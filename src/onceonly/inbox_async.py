@@ -79,9 +79,6 @@ T = TypeVar("T")
 
 _SQL = ("sqlite", "postgresql", "mysql")  # stores with an outbox table
 
-# Handlers shorter than this fraction of the ttl keep the claim's expires_at (spec §1.1).
-_RESTAMP_FRACTION = 0.001
-
 
 class AsyncInbox:
     """Process each message once: claim, handler writes and completion in one transaction
@@ -160,7 +157,7 @@ class AsyncInbox:
         self._fingerprint = fingerprint
         self._fields = tuple(fields) if fields is not None else None
         self.keep_payload = keep_payload
-        self.max_result_bytes = max_result_bytes
+        self.max_result_bytes = codec.checked_max_bytes(max_result_bytes)
         self.result_type = result_type
         self.precount_attempts = precount_attempts
         if outbox is None and getattr(store, "dialect", None) in _SQL and not leased:
@@ -170,19 +167,19 @@ class AsyncInbox:
         self._leased = leased_runner(self) if leased else None
 
     def _atomic(self, write: Write) -> Write:
-        """The claim as atomic mode writes it: already ``completed`` (result null).
+        """The claim as atomic mode writes it: ``in_progress`` under its token, no lease.
 
-        Nobody sees the row before the transaction commits, and the transaction commits
-        only if the handler succeeded; so the claim can be written in its final state,
-        and a handler that returns ``None`` needs no second statement (spec §1.1).
+        Nobody sees the row before the transaction commits, and our own commit follows
+        the completion update, which makes it ``completed``. A row that is seen
+        ``in_progress`` without a lease was committed by its handler (a ``COMMIT`` sent
+        by hand): never a success, and taken over at once by the next delivery, which
+        counts the run as a failed attempt (spec §1.3.1a).
         """
         return Write(
-            state=State.COMPLETED,
+            state=State.IN_PROGRESS,
             token=write.token,
             fingerprint=write.fingerprint,
             attempts=write.attempts,
-            ttl_seconds=self.ttl,
-            completed=True,
         )
 
     def _replay(self, record: Record, now: float) -> Outcome[Any]:
@@ -261,10 +258,8 @@ class AsyncInbox:
             committing = False  # the handler and the completion succeeded: at COMMIT
             try:
                 async with self.store.transaction(connection, lock_wait=self.wait) as session:
-                    # atomic mode writes the claim as it would end: see _atomic
-                    intent = Write(
-                        State.COMPLETED, token, fp, 0, ttl_seconds=self.ttl, completed=True
-                    )
+                    # atomic mode claims without a lease: see _atomic
+                    intent = Write(State.IN_PROGRESS, token, fp, 0)
                     snap = await session.claim(scope, key, intent)
                     if snap.inserted:
                         claimed, attempt = snap.record, 1
@@ -305,24 +300,22 @@ class AsyncInbox:
                                 continue  # the row changed since it was read: read it again
                     if claimed is not None:
                         tx = AsyncTx(session, scope, key, attempt, delivery, self.outbox, joined)
-                        started = _acompat.monotonic()
                         try:
                             with inside_atomic_handler(self.store):
                                 result = await handler(payload, tx)
                             check_health(session.health(), scope, key)
                             encoded = codec.encode(result, max_bytes=self.max_result_bytes)
-                            # The claim says completed with a null result and expires_at
-                            # from the claim; re-stamp unless nothing would change (§1.1).
-                            elapsed = _acompat.monotonic() - started
-                            if encoded != "null" or self._restamp(elapsed):
-                                done = await session.update(
-                                    scope,
-                                    key,
-                                    Expect(claimed.token, State.COMPLETED),
-                                    complete_write(claimed, encoded, self.ttl),
-                                )
-                                if done is None:  # our claim is not in this transaction
-                                    raise ended(scope, key)
+                            # The claim is in_progress until this update (also for a
+                            # null result): a handler's own COMMIT never commits a
+                            # completion (spec §1.3.1a).
+                            done = await session.update(
+                                scope,
+                                key,
+                                Expect(claimed.token, State.IN_PROGRESS),
+                                complete_write(claimed, encoded, self.ttl),
+                            )
+                            if done is None:  # our claim is not in this transaction
+                                raise ended(scope, key)
                         except BaseException as exc:
                             # a failure keeps what the claim carried (checkpoint, payload)
                             carried = dataclasses.replace(
@@ -370,14 +363,6 @@ class AsyncInbox:
                 )
             await _acompat.asleep(min(0.05, remaining))
 
-    def _restamp(self, elapsed: float) -> bool:
-        """Whether a handler ran long enough that ``expires_at`` must move to completion.
-
-        The claim stamped ``expires_at = claim + ttl``; completion + ttl is what the spec
-        promises. Within 0.1 % of the ttl the difference is not worth a statement.
-        """
-        return self.ttl is not None and elapsed > self.ttl * _RESTAMP_FRACTION
-
     async def _record_failure(self, failed: HandlerFailed, payload: Any, connection: Any) -> None:
         """Store a failed run after its transaction rolled back (a seam for tests)."""
         await record_failure(self, failed, payload, connection)
@@ -408,7 +393,12 @@ class AsyncInbox:
         Raises:
             StoreUnavailable: the store went away (also inside a handler): nothing of the
                 batch committed; redeliver all of it.
-            TransactionError: a handler ended the batch's transaction (nothing committed).
+            TransactionError: a handler broke the batch's transaction (nothing committed),
+                or ended it itself (``TransactionEnded``): then what came before its end
+                is as the database left it: a ``COMMIT`` it sent committed the earlier
+                messages (completed, replayed on redelivery) and its own claim
+                (``in_progress``, taken over and counted on redelivery, never a success);
+                a ``ROLLBACK`` discarded them. Redeliver the batch either way.
             StoreError: the database refused the batch's ``COMMIT`` (a deferred
                 constraint): nothing committed and nothing counted, as the batch cannot
                 tell whose writes it refused; run its messages one at a time with

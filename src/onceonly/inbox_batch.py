@@ -16,8 +16,13 @@ Rules (docs/spec.md §1.4):
   error. The same for a key used with another payload, a dead key, a key held by
   another worker longer than ``wait``, or a malformed key or payload.
 * **Everything or nothing on a store failure.** A lost connection, or a handler that
-  ends or breaks the batch's transaction, rolls the whole batch back and raises: nothing
-  of it committed, and the broker redelivers every message.
+  breaks the batch's transaction (a failed statement it carried on after), rolls the
+  whole batch back and raises: nothing of it committed, and the broker redelivers every
+  message. A handler that **ends** the transaction itself raises ``TransactionEnded``
+  too, but what it ended is the database's doing: a ``COMMIT`` it sent committed the
+  messages before it (completed, replayed on redelivery) and its own claim (left
+  ``in_progress`` without a lease: taken over and counted on redelivery, never a
+  success); a ``ROLLBACK`` discarded them.
 * **Duplicates in a batch** are deliveries like any other: the second copy of a key
   replays the first's result (or retries it, if the first failed).
 * **Order.** Messages are claimed in key order (two batches sharing keys lock them in the

@@ -100,10 +100,10 @@ async def record_failure(
             else:
                 stored = await session.update(scope, key, failed.seen, write)
             if stored is None and failed.ended:
-                # The handler committed the claim itself (written completed, with our
-                # token): that completion is not a success, so turn it into a failure.
+                # The handler committed the claim itself (in_progress under our token,
+                # no lease): not a success; turn it into a failure.
                 stored = await session.update(
-                    scope, key, Expect(claimed.token, State.COMPLETED), write
+                    scope, key, Expect(claimed.token, State.IN_PROGRESS), write
                 )
             for _ in range(_RECOUNT_RACES):
                 if stored is not None:

@@ -365,9 +365,13 @@ class Claim:
         if self.ended:
             raise RuntimeError(f"the claim on {self.scope}/{self.key} was already ended")
         self.ended = True
+        runner = self._runner()
         try:
-            done = self._runner()._final_write(self, write)
+            done = runner._final_write(self, write)
         except StoreUnavailable as exc:
+            # Nobody may take the key over before this process calls it again: that call
+            # first tries this fenced write once more (see LeasedRunner.claim).
+            runner._remember_unrecorded(self.key, write)
             raise OutcomeNotRecorded(
                 "the function ran but its outcome could not be stored (the store stayed "
                 "unavailable); do not retry blindly: the effect happened",
@@ -436,11 +440,13 @@ class LeasedRunner:
         self.ttl = ttl
         self.wait = wait
         self.cache_errors = cache_errors
-        self.max_result_bytes = max_result_bytes
+        self.max_result_bytes = codec.checked_max_bytes(max_result_bytes)
         self.result_type = result_type
         self.keep_payload = keep_payload
         # key -> token of a claim whose reply was lost in a call that then gave up
         self._unconfirmed: collections.OrderedDict[str, int] = collections.OrderedDict()
+        # key -> the fenced final write of a run whose outcome could not be stored
+        self._unrecorded: collections.OrderedDict[str, Write] = collections.OrderedDict()
         self.final_write_budget = final_write_budget
 
     def acquire(self, key: str, fp: str | None) -> Claim | Replay:
@@ -477,11 +483,23 @@ class LeasedRunner:
         the lease); if the store is still away, the token is kept for this runner's next
         call of the key, which takes the claim back the same way.
 
+        A run of ``key`` in this runner whose outcome could not be stored
+        (:class:`~onceonly.OutcomeNotRecorded`) left its fenced final write noted: this
+        call first tries it again. Stored (nobody took the key over meanwhile): the
+        outcome is replayed and nothing runs again. Its token gone: another holder owns
+        the key, the note is dropped and the claim goes on as usual.
+
         Raises:
             InvalidKey: ``key`` is not a valid key (nothing stored).
             StoreUnavailable: the store stayed unreachable (no attempt was counted).
+            OutcomeNotRecorded: an earlier run's noted outcome still cannot be stored
+                (the store is still away; the note is kept).
         """
         key = validate_key(key)
+        if key in self._unrecorded:
+            replay = self._store_unrecorded(key)
+            if replay is not None:
+                return replay
         start = _acompat.monotonic()
         deadline = start + self.wait
         outage_deadline = start + min(self.wait, self.policy.lease_seconds)
@@ -528,6 +546,58 @@ class LeasedRunner:
                 )
             _acompat.sleep(min(delay, remaining, got.retry_after or delay))
             delay = min(delay * 2, 0.5)
+
+    def _remember_unrecorded(self, key: str, write: Write) -> None:
+        """Keep the final ``write`` of a run of ``key`` whose outcome is not stored."""
+        if len(self._unrecorded) >= _UNCONFIRMED_MAX:
+            with contextlib.suppress(KeyError):  # another thread emptied it meanwhile
+                self._unrecorded.popitem(last=False)
+        self._unrecorded[key] = write
+
+    def _store_unrecorded(self, key: str) -> Replay | None:
+        """Try the noted final write of ``key`` once more, fenced on its token.
+
+        Returns:
+            The replay of the stored completion; ``None`` when there is nothing to replay
+            (the note is gone: stored as a failure, or the token is no longer current).
+
+        Raises:
+            OutcomeNotRecorded: the store is still unreachable (the note is kept).
+        """
+        write = self._unrecorded.get(key)
+        if write is None:
+            return None
+        try:
+            with self.store.session() as session:
+                done = session.update(self.scope, key, Expect.holder(write.token), write)
+                if done is None:  # stored by the lost try itself, or taken over since
+                    snap = session.get(self.scope, key)
+                    current = snap.record
+                    if (
+                        current is not None
+                        and current.token == write.token
+                        and current.state is write.state
+                    ):
+                        done = current
+        except StoreUnavailable as exc:
+            raise OutcomeNotRecorded(
+                "an earlier run of this key ran but its outcome could not be stored, and "
+                "the store is still unavailable; do not retry blindly: the effect happened",
+                key=key,
+                scope=self.scope,
+            ) from exc
+        with contextlib.suppress(KeyError):
+            del self._unrecorded[key]
+        if done is None:
+            log.warning(
+                "%s/%s: the unrecorded outcome of an earlier run lost its claim to "
+                "another holder; it is dropped",
+                self.scope,
+                key,
+            )
+            return None
+        log.warning("%s/%s: the outcome of an earlier run is now stored", self.scope, key)
+        return Replay(done) if done.state is State.COMPLETED else None
 
     def _remember_unconfirmed(self, key: str, token: int) -> None:
         """Keep ``token`` for the next call of ``key``: its claim may have committed."""

@@ -130,6 +130,8 @@ def _open(url: str, options: dict[str, Any]) -> Store:
         from onceonly.stores.memory import MemoryStore
 
         _check_options(MemoryStore, options, url, skip=("url",))
+        if urllib.parse.urlsplit(url)[1:] != ("", "", "", ""):
+            raise ConfigurationError(f"a memory store URL is just memory://, not {url!r}")
         return MemoryStore(url=url, **options)
     if scheme in _POSTGRES:
         mod = _store_module("postgres")

@@ -15,7 +15,7 @@ are awaited.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -111,6 +111,18 @@ class Store(Protocol):
     url: str
     atomic: bool  # whether transaction() can hold the caller's SQL writes
 
+    @property
+    def connection_source(self) -> Hashable:
+        """What this store's connections come from: the SQLite file, the connection pool,
+        the store itself. Two stores with equal sources share their connections (or a
+        single writer), so a call on one made while a transaction of the other is open
+        can wait for itself: an ``@idempotent`` call inside an atomic handler is refused
+        when their sources are equal (a :class:`~onceonly.stores.tiered.TieredStore`
+        gives its durable store's).
+
+        .. versionadded:: 0.5
+        """
+
     def migrate(self) -> None:
         """Create or upgrade the tables; safe to repeat and to run concurrently."""
 
@@ -162,6 +174,9 @@ class AsyncStore(Protocol):
 
     url: str
     atomic: bool
+
+    @property
+    def connection_source(self) -> Hashable: ...
 
     async def migrate(self) -> None: ...
 

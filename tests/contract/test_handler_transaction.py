@@ -267,8 +267,6 @@ def test_sqlalchemy_session_handler_that_ends_the_transaction(
     sa_kind: str, idiom: str, tmp_path: Path
 ) -> None:
     """``tx.session.commit()``/``rollback()`` in a joined SQLAlchemy session."""
-    if (sa_kind, idiom) == ("mysql", "commit-raise"):
-        pytest.xfail("MySQL joined through SQLAlchemy: a commit then a raise stays completed")
     store_url, sa_url = _sa_url(sa_kind, tmp_path)
     table = f"t_{uuid.uuid4().hex[:12]}"
     store = onceonly.open_store(store_url, table=table, outbox_table=None)

@@ -52,13 +52,14 @@ def _counted(factory: StoreFactory, **options: Any) -> tuple[int, int]:
 
 def test_new_message_and_replay_round_trips(factory: StoreFactory) -> None:
     """By default BEGIN rides with the claim: a new message is BEGIN + claim, the
-    handler's insert, COMMIT (3); a replay is BEGIN + claim, COMMIT (2)."""
-    assert _counted(factory) == (3, 2)
+    handler's insert, the completion update, COMMIT (4; the claim is in_progress until
+    the update, spec §1.1); a replay is BEGIN + claim, COMMIT (2)."""
+    assert _counted(factory) == (4, 2)
 
 
 def test_round_trips_without_the_pipeline(factory: StoreFactory) -> None:
     """``pipeline=False`` sends BEGIN on its own: one round trip more each."""
-    assert _counted(factory, pipeline=False) == (4, 3)
+    assert _counted(factory, pipeline=False) == (5, 3)
 
 
 def test_a_claim_after_psycopg_deallocated_its_statement(pg_store_factory: StoreFactory) -> None:

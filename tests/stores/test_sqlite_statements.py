@@ -16,7 +16,8 @@ import onceonly
 
 
 def test_statements_per_message(tmp_path: Path) -> None:
-    """New key: BEGIN, claim, handler insert, COMMIT. Replay: BEGIN, claim, read, COMMIT."""
+    """New key: BEGIN, claim, handler insert, completion, COMMIT (the claim is in_progress
+    until the completion, spec §1.1). Replay: BEGIN, claim, read, COMMIT."""
     store: Any = onceonly.open_store(f"sqlite:///{tmp_path / 's.db'}", migrate=True)
     with store.transaction() as s:
         s.execute("CREATE TABLE ledger (id TEXT)")
@@ -38,5 +39,11 @@ def test_statements_per_message(tmp_path: Path) -> None:
     finally:
         conn.set_trace_callback(None)
         store.close()
-    assert new == ["BEGIN IMMEDIATE", "INSERT INTO", "INSERT INTO", "COMMIT"]
+    assert new == [
+        "BEGIN IMMEDIATE",
+        "INSERT INTO",
+        "INSERT INTO",
+        "UPDATE onceonly_records",
+        "COMMIT",
+    ]
     assert replay == ["BEGIN IMMEDIATE", "INSERT INTO", "SELECT scope,", "COMMIT"]

@@ -51,11 +51,12 @@ from typing import Any
 
 from onceonly._core.canonical import MAX_DEPTH
 from onceonly._core.rebuild import Decoder, damaged
-from onceonly.errors import EncodingError, TooLarge
+from onceonly.errors import ConfigurationError, EncodingError, TooLarge
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "TYPED_PREFIX",
+    "checked_max_bytes",
     "decode",
     "encode",
 ]
@@ -64,6 +65,21 @@ DEFAULT_MAX_BYTES = 1024 * 1024
 """The default bound on an encoded result, in UTF-8 bytes."""
 
 TYPED_PREFIX = "v2:"
+
+
+def checked_max_bytes(value: object, what: str = "max_result_bytes") -> int:
+    """``value`` as a bound on encoded results, refused at construction when it is not a
+    positive whole number (a bound no result fits would fail every run with
+    :class:`TooLarge`, and every message would end dead).
+
+    Raises:
+        ConfigurationError: ``value`` is not a positive ``int``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{what} must be a positive number of bytes, not {value!r}")
+    return value
+
+
 """Marks a result stored by the typed encoding (never the start of JSON text)."""
 
 

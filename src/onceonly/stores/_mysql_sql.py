@@ -74,7 +74,21 @@ def parse_url(url: str) -> dict[str, Any]:
                 f"unknown option {name!r} in the MariaDB/MySQL URL (unix_socket, charset)"
             )
         args[name] = value
+    _check_charset(args["charset"])
     return args
+
+
+def _check_charset(name: str) -> None:
+    """Refuse a character set the driver (PyMySQL's table, used by aiomysql too) lacks:
+    it would fail with a bare ``AttributeError`` when connecting."""
+    try:
+        from pymysql.charset import charset_by_name
+    except ImportError:  # pragma: no cover - the driver is checked when the store opens
+        return
+    if charset_by_name(name) is None:
+        raise ConfigurationError(
+            f"unknown charset {name!r} in the MariaDB/MySQL URL (e.g. utf8mb4)"
+        )
 
 
 def describe(args: dict[str, Any]) -> str:

@@ -13,12 +13,63 @@ import re
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-__all__ = ["_conninfo", "_describe", "_is_local", "_libpq_seconds"]
+from onceonly.errors import ConfigurationError
+
+__all__ = [
+    "_conninfo",
+    "_describe",
+    "_is_local",
+    "_libpq_seconds",
+    "_tcp_defaults",
+    "check_conninfo",
+]
+
+# TCP keepalives of the store's connections: an idle one to a dead host is found in
+# about idle + interval * count seconds (instead of the kernel's two hours)
+_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+
+def _tcp_defaults(url: str, read_timeout: float | None) -> dict[str, int]:
+    """libpq TCP settings for the store's connections, where ``url`` sets none of its own:
+    keepalives, and ``tcp_user_timeout`` (data unacknowledged this long: the connection
+    is dead; Linux) at ``read_timeout``."""
+    try:
+        given = conninfo_to_dict(_conninfo(url))
+    except psycopg.Error:
+        given = {}
+    defaults = dict(_KEEPALIVES)
+    if read_timeout is not None:
+        defaults["tcp_user_timeout"] = max(1, round(read_timeout * 1000))
+    return {name: value for name, value in defaults.items() if name not in given}
 
 
 def _conninfo(url: str) -> str:
     """Accept SQLAlchemy-style ``postgresql+psycopg://`` URLs as well as libpq ones."""
     return re.sub(r"^(postgres(?:ql)?)\+\w+://", r"\1://", url)
+
+
+def check_conninfo(url: str) -> None:
+    """Refuse a URL or conninfo libpq cannot use, before any connection is tried.
+
+    libpq parses the options (an unknown or misspelt one is refused); the ports are
+    checked here, as libpq reports an impossible one only when it connects (which would
+    read as a server that cannot be reached).
+
+    Raises:
+        ConfigurationError: an unknown option, a malformed URL or an impossible port.
+    """
+    try:
+        params = conninfo_to_dict(_conninfo(url))
+    except psycopg.Error as exc:
+        raise ConfigurationError(f"bad PostgreSQL URL or conninfo: {exc}") from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigurationError(f"bad port {port!r} in the PostgreSQL URL or conninfo")
 
 
 def _libpq_seconds(seconds: float) -> int:

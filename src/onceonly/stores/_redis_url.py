@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import urllib.parse
 from dataclasses import dataclass
 
@@ -43,17 +45,45 @@ class RedisTarget:
     ssl: bool = False
 
 
+@functools.lru_cache(maxsize=1)
+def _query_options() -> frozenset[str]:
+    """The query options redis-py's ``from_url`` can pass on to a connection."""
+    import redis.connection as rc
+
+    names = set(rc.URL_QUERY_ARGUMENT_PARSERS)
+    for cls in (rc.AbstractConnection, rc.Connection, rc.SSLConnection, rc.ConnectionPool):
+        names.update(inspect.signature(cls.__init__).parameters)
+    return frozenset(names - {"self", "kwargs", "connection_kwargs"})
+
+
+def _check_query(url: str) -> None:
+    """Refuse a query option redis-py would fail on only when it first connects."""
+    query = urllib.parse.urlsplit(url).query
+    unknown = sorted(
+        {name for name, _ in urllib.parse.parse_qsl(query, keep_blank_values=True)}
+        - _query_options()
+    )
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} in the "
+            "Redis URL (the store's own options, such as prefix=, are keyword arguments of "
+            "open_store; the URL takes redis-py's, e.g. socket_timeout, health_check_interval)"
+        )
+
+
 def parse(url: str) -> RedisTarget:
     """The target of a Redis store ``url``.
 
     Raises:
-        ConfigurationError: an unknown scheme, or a Sentinel URL without hosts or service.
+        ConfigurationError: an unknown scheme or query option, or a Sentinel URL without
+            hosts or service.
     """
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
     if not sep or scheme not in SCHEMES:
         raise ConfigurationError(f"not a Redis store URL: {url!r} (schemes: {', '.join(SCHEMES)})")
     base = scheme.split("+")[0]
+    _check_query(url)
     if scheme in ("redis", "rediss"):
         return RedisTarget("server", url)
     if scheme.endswith("+cluster"):

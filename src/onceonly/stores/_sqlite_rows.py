@@ -118,6 +118,9 @@ def _written(scope: str, key: str, write: Write, now: float) -> Record:
 
 def _translate(exc: sqlite3.Error, *, begin: bool = False) -> OnceOnlyError:
     """The error to raise (``from exc``) for a sqlite3 error of the store's own statements."""
+    if "file is not a database" in str(exc):  # SQLITE_NOTADB
+        # the URL names a file that is not a SQLite database: retrying cannot help
+        return ConfigurationError(f"the store's file is not a SQLite database ({exc})")
     if not isinstance(exc, sqlite3.OperationalError):
         return StoreError(f"SQLite failed: {exc}")
     text = str(exc)

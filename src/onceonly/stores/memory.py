@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -224,6 +224,14 @@ class MemoryStore:
             if lock is None:
                 lock = self._key_locks[k] = threading.Lock()
             return lock
+
+    @property
+    def connection_source(self) -> Hashable:
+        """This store.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
+        return self
 
     def migrate(self) -> None:
         """Nothing to create; present for the common contract."""

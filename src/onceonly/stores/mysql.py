@@ -35,7 +35,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -233,6 +233,14 @@ class MySQLStore:
         """Connect once now (a bad URL or an unreachable server fails here)."""
         with self._connection():
             pass
+
+    @property
+    def connection_source(self) -> Hashable:
+        """This store: it opens connections as it needs them.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
+        return self
 
     def close(self) -> None:
         """Close the idle connections; the store cannot be used afterwards."""

@@ -34,7 +34,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -237,6 +237,14 @@ class AsyncMySQLStore:
         """Connect once now (a bad URL or an unreachable server fails here)."""
         async with self._connection():
             pass
+
+    @property
+    def connection_source(self) -> Hashable:
+        """This store: it opens connections as it needs them.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
+        return self
 
     async def close(self) -> None:
         """Close the idle connections; the store cannot be used afterwards."""

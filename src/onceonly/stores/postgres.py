@@ -44,7 +44,7 @@ so SQL run directly on ``session.connection`` before it is still inside the tran
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from typing import Any
@@ -64,7 +64,13 @@ from onceonly.errors import (
     ConfigurationError,
     StoreError,
 )
-from onceonly.stores._postgres_conninfo import _conninfo, _is_local, _libpq_seconds
+from onceonly.stores._postgres_conninfo import (
+    _conninfo,
+    _is_local,
+    _libpq_seconds,
+    _tcp_defaults,
+    check_conninfo,
+)
 from onceonly.stores._postgres_errors import _DriverErrors
 from onceonly.stores._postgres_partitioned import check_period, check_table, records_ddl
 from onceonly.stores._postgres_partitioned import statements as partitioned_statements
@@ -73,6 +79,7 @@ from onceonly.stores._postgres_sql import (
     _records_ddl,
     _Statements,
 )
+from onceonly.stores._postgres_watchdog import Watchdog
 from onceonly.stores.postgres_partitions import PostgresPartitions
 from onceonly.stores.postgres_pool import PooledConnections
 from onceonly.stores.postgres_psycopg2 import is_psycopg2, joined
@@ -139,6 +146,13 @@ class PostgresStore(PooledConnections):
             ``True``: always (session pooling, PgBouncer >= 1.21 with
             ``max_prepared_statements``; a pooler seen is logged as a warning).
             ``False``: never. See docs/stores.md, "Behind PgBouncer".
+        read_timeout: seconds a round trip of the store's own statements (claim, get,
+            completion, renewal, ``BEGIN``/``COMMIT``) may take, plus the lock wait it
+            may spend, before its connection is closed and
+            :class:`~onceonly.StoreUnavailable` raised (a server that stopped answering);
+            ``None``: no bound. The handler's own SQL is not bounded. Connections the
+            store opens also get libpq TCP keepalives and ``tcp_user_timeout`` (a dead
+            host or network), unless the URL sets them.
 
     Attributes:
         url: the URL or conninfo the store was given.
@@ -174,12 +188,21 @@ class PostgresStore(PooledConnections):
         pipeline: bool | None = None,
         connect_timeout: float = 5.0,
         prepare: bool | None = None,
+        read_timeout: float | None = 10.0,
     ) -> None:
         if not (isinstance(connect_timeout, (int, float)) and 0 < connect_timeout < 1e6):
             raise ConfigurationError(
                 f"connect_timeout must be a positive number of seconds, not {connect_timeout!r}"
             )
+        if read_timeout is not None and not (
+            isinstance(read_timeout, (int, float)) and 0 < read_timeout < 1e6
+        ):
+            raise ConfigurationError(
+                f"read_timeout must be a positive number of seconds or None, not {read_timeout!r}"
+            )
         self.connect_timeout = float(connect_timeout)
+        self.read_timeout = None if read_timeout is None else float(read_timeout)
+        self._watchdog = Watchdog(table)
         self._init_prepare(prepare)
         # until a connection has been handed out once, a checkout waits connect_timeout
         # (not the pool's timeout) and then says why the server cannot be reached
@@ -196,6 +219,7 @@ class PostgresStore(PooledConnections):
         else:
             if not url_or_conninfo:
                 raise ConfigurationError("give the PostgreSQL URL (or conninfo) or a pool")
+            check_conninfo(url_or_conninfo)
             self.url = url_or_conninfo
             # When each connection went back to the pool (see _check_if_idle).
             self._returned: dict[int, float] = {}
@@ -206,7 +230,11 @@ class PostgresStore(PooledConnections):
                 max_size=max_size,
                 timeout=timeout,
                 # transactions send BEGIN themselves; libpq takes whole seconds (>= 2)
-                kwargs={"autocommit": True, "connect_timeout": _libpq_seconds(connect_timeout)},
+                kwargs={
+                    "autocommit": True,
+                    "connect_timeout": _libpq_seconds(connect_timeout),
+                    **_tcp_defaults(url_or_conninfo, self.read_timeout),
+                },
                 # a connection the server dropped while idle (idle timeout, restart,
                 # failover) is replaced at checkout, not handed to a claim or completion
                 check=self._check_if_idle,
@@ -274,9 +302,18 @@ class PostgresStore(PooledConnections):
                 self._pool.open()
             self._opened = True
 
+    @property
+    def connection_source(self) -> Hashable:
+        """The connection pool.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
+        return self._pool
+
     def close(self) -> None:
         """Close the pool if the store created it; the store cannot be used afterwards."""
         self._closed = True
+        self._watchdog.close()
         if self._owns_pool:
             self._pool.close()
 

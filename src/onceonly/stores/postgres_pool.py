@@ -114,6 +114,8 @@ class PooledConnections:
     _closed: bool
     _opened: bool
     _connected_once: bool
+    # a connection broke, or the pool timed out: the next checkout probes the server first
+    _suspect: bool = False
     _pool: ConnectionPool[Any]
     _returned: dict[int, float]
     _thresholds: dict[int, int | None]
@@ -135,8 +137,19 @@ class PooledConnections:
         if not self._connected_once:
             conn = self._first_connection()
         else:
-            with _DriverErrors():
-                conn = self._pool.getconn()
+            if self._suspect and self.conninfo:
+                # a connection broke or the pool timed out lately: while the server
+                # refuses connections, say so at once rather than after the pool timeout
+                refused = self._probe()
+                if refused is not None:
+                    raise refused
+                self._suspect = False
+            try:
+                with _DriverErrors():
+                    conn = self._pool.getconn()
+            except StoreUnavailable:
+                self._suspect = True
+                raise
         if not self._prepares and conn.prepare_threshold is not None:
             # behind a pooler: nothing prepared while the store holds it (given back as
             # it was: a pool or engine of the caller's keeps its own setting)
@@ -198,10 +211,10 @@ class PooledConnections:
             )
         self._prepares = self.prepare is True or not pooled
 
-    def _why_unreachable(self) -> StoreUnavailable:
-        """Connect once, directly, to learn why the pool could not (no password shown):
-        :class:`~onceonly.StoreMisconfigured` when the server refused the database or
-        the login."""
+    def _probe(self) -> StoreUnavailable | None:
+        """Connect once, directly: why the server cannot be reached (no password shown;
+        :class:`~onceonly.StoreMisconfigured` when it refused the database or the login),
+        or ``None`` when it answers."""
         where = _describe(self.conninfo)
         try:
             conn = psycopg.Connection.connect(
@@ -211,6 +224,14 @@ class PooledConnections:
             cause = " ".join(str(exc).split())
             return unavailable(f"cannot connect to PostgreSQL ({where}): {cause}", exc)
         conn.close()
+        return None
+
+    def _why_unreachable(self) -> StoreUnavailable:
+        """Why the pool could not connect in time (see :meth:`_probe`)."""
+        refused = self._probe()
+        if refused is not None:
+            return refused
+        where = _describe(self.conninfo)
         return StoreUnavailable(
             f"no connection to PostgreSQL ({where}) within {self.connect_timeout:g}s: the "
             "server answers now, but the pool could not connect in time (max_size, load?)"
@@ -218,6 +239,8 @@ class PooledConnections:
 
     def _checkin(self, conn: psycopg.Connection[Any], autocommit: bool) -> None:
         """Give ``conn`` back to the pool with its ``autocommit`` setting restored."""
+        if conn.broken or conn.closed:
+            self._suspect = True
         try:
             if conn.autocommit != autocommit and conn.pgconn.transaction_status == _IDLE:
                 conn.set_autocommit(autocommit)

@@ -115,6 +115,8 @@ class AsyncPooledConnections:
     _closed: bool
     _opened: bool
     _connected_once: bool
+    # a connection broke, or the pool timed out: the next checkout probes the server first
+    _suspect: bool = False
     _pool: AsyncConnectionPool[Any]
     _returned: dict[int, float]
     _thresholds: dict[int, int | None]
@@ -136,8 +138,19 @@ class AsyncPooledConnections:
         if not self._connected_once:
             conn = await self._first_connection()
         else:
-            with _DriverErrors():
-                conn = await self._pool.getconn()
+            if self._suspect and self.conninfo:
+                # a connection broke or the pool timed out lately: while the server
+                # refuses connections, say so at once rather than after the pool timeout
+                refused = await self._probe()
+                if refused is not None:
+                    raise refused
+                self._suspect = False
+            try:
+                with _DriverErrors():
+                    conn = await self._pool.getconn()
+            except StoreUnavailable:
+                self._suspect = True
+                raise
         if not self._prepares and conn.prepare_threshold is not None:
             # behind a pooler: nothing prepared while the store holds it (given back as
             # it was: a pool or engine of the caller's keeps its own setting)
@@ -201,10 +214,10 @@ class AsyncPooledConnections:
             )
         self._prepares = self.prepare is True or not pooled
 
-    async def _why_unreachable(self) -> StoreUnavailable:
-        """Connect once, directly, to learn why the pool could not (no password shown):
-        :class:`~onceonly.StoreMisconfigured` when the server refused the database or
-        the login."""
+    async def _probe(self) -> StoreUnavailable | None:
+        """Connect once, directly: why the server cannot be reached (no password shown;
+        :class:`~onceonly.StoreMisconfigured` when it refused the database or the login),
+        or ``None`` when it answers."""
         where = _describe(self.conninfo)
         try:
             conn = await psycopg.AsyncConnection.connect(
@@ -214,6 +227,14 @@ class AsyncPooledConnections:
             cause = " ".join(str(exc).split())
             return unavailable(f"cannot connect to PostgreSQL ({where}): {cause}", exc)
         await conn.close()
+        return None
+
+    async def _why_unreachable(self) -> StoreUnavailable:
+        """Why the pool could not connect in time (see :meth:`_probe`)."""
+        refused = await self._probe()
+        if refused is not None:
+            return refused
+        where = _describe(self.conninfo)
         return StoreUnavailable(
             f"no connection to PostgreSQL ({where}) within {self.connect_timeout:g}s: the "
             "server answers now, but the pool could not connect in time (max_size, load?)"
@@ -221,6 +242,8 @@ class AsyncPooledConnections:
 
     async def _checkin(self, conn: psycopg.AsyncConnection[Any], autocommit: bool) -> None:
         """Give ``conn`` back to the pool with its ``autocommit`` setting restored."""
+        if conn.broken or conn.closed:
+            self._suspect = True
         try:
             if conn.autocommit != autocommit and conn.pgconn.transaction_status == _IDLE:
                 await conn.set_autocommit(autocommit)

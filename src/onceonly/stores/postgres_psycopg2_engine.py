@@ -13,7 +13,7 @@ psycopg 3 connections).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from typing import Any
@@ -123,6 +123,15 @@ class Psycopg2EngineStore(PostgresStore):
         """An autocommit session on a borrowed psycopg2 connection."""
         with self._borrowed(autocommit=True) as conn:
             yield Psycopg2Session(self, conn, None)
+
+    @property
+    def connection_source(self) -> Hashable:
+        """The SQLAlchemy engine, whose pool lends the connections.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
+        engine: Hashable = self.engine
+        return engine
 
     def migrate(
         self, *, partitioned: bool = False, period: timedelta = timedelta(days=1), ahead: int = 3

@@ -146,6 +146,12 @@ class AsyncPostgresSession:
         self._cursor: psycopg.AsyncCursor[TupleRow] | None = None  # made on first use
         self._held: set[tuple[str, str]] = set()  # keys whose row lock we hold
         self._fenced = False  # psycopg refuses commit()/rollback() on the connection
+        # the bound on a round trip of our own statements (None: none); see _bounded
+        self._watchdog = store._watchdog
+        self._read_timeout = None if mode == _JOINED else store.read_timeout
+        self._lock_seconds = (
+            None if lock_timeout is None or mode == _AUTOCOMMIT else int(lock_timeout[:-2]) / 1000
+        )
 
     def _fence(self) -> None:
         """Refuse the caller's commit()/rollback() from now until our own end (see
@@ -153,6 +159,18 @@ class AsyncPostgresSession:
         if not self._fenced and self._mode != _AUTOCOMMIT:
             fence(self._conn, True)
             self._fenced = True
+
+    def _bounded(self, waiting: bool = False) -> contextlib.AbstractContextManager[None]:
+        """Bound a round trip of our own statements by ``read_timeout`` (plus the lock
+        wait it may spend), on the store's own connections (a caller's is left alone);
+        an unbounded lock wait (``lock_wait=inf``) leaves its statements unbounded."""
+        bound = self._read_timeout
+        if bound is not None and self._mode == _TRANSACTION:
+            if self._lock_seconds is None:
+                bound = None
+            elif waiting:
+                bound += self._lock_seconds
+        return self._watchdog.bound(self._conn, bound)
 
     def _unfence(self) -> None:
         if self._fenced:
@@ -208,7 +226,7 @@ class AsyncPostgresSession:
             query, params, waiting = statement.bounded, (self._lock_timeout, *params), True
         else:
             query, waiting = statement.plain, False
-        with _DriverErrors(scope, key, waiting=waiting):
+        with _DriverErrors(scope, key, waiting=waiting), self._bounded(waiting):
             if self._pending is None:
                 await cur.execute(query, params)
             else:
@@ -270,7 +288,7 @@ class AsyncPostgresSession:
             waiting = True
         else:
             query, waiting = statement.plain, False
-        with _DriverErrors(scope, key, waiting=waiting):
+        with _DriverErrors(scope, key, waiting=waiting), self._bounded(waiting):
             encoded = encode_params(params, conn.info.encoding)
             prepare = conn.prepare_threshold is not None
             try:
@@ -305,7 +323,7 @@ class AsyncPostgresSession:
         a session that only joins others to its transaction (a batch) must have opened
         its savepoint first, or its rollback would not undo theirs."""
         if self._pending is not None:
-            with _DriverErrors():
+            with _DriverErrors(), self._bounded():
                 await self._open_with(None)
 
     # -- the AsyncSession contract
@@ -317,7 +335,7 @@ class AsyncPostgresSession:
         operators such as jsonb ``?`` work. Errors of this SQL are psycopg's own.
         """
         if self._pending is not None:
-            with _DriverErrors():
+            with _DriverErrors(), self._bounded():
                 await self._open_with(None)
         cur = self._conn.cursor()
         if params is None:
@@ -359,7 +377,7 @@ class AsyncPostgresSession:
     async def get(self, scope: str, key: str) -> Snapshot:
         """The record of ``(scope, key)`` (or ``None``) and the database's now."""
         cur = self._cur
-        with _DriverErrors(scope, key):
+        with _DriverErrors(scope, key), self._bounded():
             if self._pending is None:
                 await cur.execute(self._q.get, (scope, key))
             else:
@@ -443,7 +461,7 @@ class AsyncPostgresSession:
                     "the transaction was committed or rolled back by its user"
                 ) from exc
         elif conn.pgconn.transaction_status != _IDLE:
-            with _DriverErrors():
+            with _DriverErrors(), self._bounded():
                 await conn.commit()
 
     async def _rollback(self) -> None:

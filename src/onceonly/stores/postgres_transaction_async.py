@@ -75,7 +75,7 @@ class _Transaction:
             store._beginning[id(conn)] = conn
             return session
         try:
-            with _DriverErrors():
+            with _DriverErrors(), session._bounded():
                 await session._cur.execute(begin_command(conn))
             session._fence()
         except BaseException:

@@ -24,7 +24,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -403,6 +403,14 @@ class SQLiteStore:
         conn.close()
 
     # -- the contract
+    @property
+    def connection_source(self) -> Hashable:
+        """The database file, resolved: its single writer is shared by every store on it.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
+        return ("sqlite", os.path.realpath(self.path))
+
     def migrate(self) -> None:
         """Create the records table and record the schema version; safe to repeat."""
         with self.transaction() as s:

@@ -23,7 +23,7 @@ import asyncio
 import concurrent.futures
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -111,6 +111,14 @@ class ThreadedAsyncStore:
         self.dialect: str = getattr(store, "dialect", "memory")
         self.table: str | None = getattr(store, "table", None)
         self.outbox_table: str | None = getattr(store, "outbox_table", None)
+
+    @property
+    def connection_source(self) -> Hashable:
+        """The wrapped store's.
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
+        return self.sync.connection_source
 
     async def migrate(self) -> None:
         await asyncio.to_thread(self.sync.migrate)

@@ -41,7 +41,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -415,6 +415,14 @@ class TieredStore:
         if name.startswith("__") or name == "durable":
             raise AttributeError(name)
         return getattr(self.durable, name)
+
+    @property
+    def connection_source(self) -> Hashable:
+        """The durable store's (the tiers hold no transaction).
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
+        return self.durable.connection_source
 
     def migrate(self) -> None:
         self.durable.migrate()

@@ -40,7 +40,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -415,6 +415,14 @@ class AsyncTieredStore:
         if name.startswith("__") or name == "durable":
             raise AttributeError(name)
         return getattr(self.durable, name)
+
+    @property
+    def connection_source(self) -> Hashable:
+        """The durable store's (the tiers hold no transaction).
+
+        See :attr:`onceonly.types.Store.connection_source`.
+        """
+        return self.durable.connection_source
 
     async def migrate(self) -> None:
         await self.durable.migrate()

@@ -151,7 +151,7 @@ class _IdempotentTask:
         self.max_attempts = max_attempts
         self.wait = wait
         self.cache_errors = cache_errors
-        self.max_result_bytes = max_result_bytes
+        self.max_result_bytes = codec.checked_max_bytes(max_result_bytes)
         self.listeners = listeners
         self.retry_in_flight = retry_in_flight
         self._runners: dict[str, Inbox | LeasedRunner] = {}
