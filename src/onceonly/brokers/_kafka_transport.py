@@ -108,6 +108,7 @@ class KafkaTransport:
         self._failure: BaseException | None = None
         self._buffered = 0
         self._want_pause = False
+        self._fetch_paused = False  # on the poll thread: what the assignment was told
         self._loop: asyncio.AbstractEventLoop | None = None
         self._arrived = asyncio.Event()
         self._consumer: Consumer | None = None
@@ -201,7 +202,7 @@ class KafkaTransport:
     def _poll(self) -> None:
         consumer = self._consumer
         assert consumer is not None
-        paused = False
+        self._fetch_paused = False
         try:
             while self._running:
                 while True:
@@ -213,11 +214,12 @@ class KafkaTransport:
                         command(consumer)
                     except Exception as exc:
                         self.log.warning("%s: %r", self.where, exc)
-                if self._want_pause != paused:
+                want = self._want_pause
+                if want != self._fetch_paused:
                     with contextlib.suppress(KafkaException):
                         assigned = consumer.assignment()
-                        (consumer.pause if self._want_pause else consumer.resume)(assigned)
-                        paused = self._want_pause
+                        (consumer.pause if want else consumer.resume)(assigned)
+                        self._fetch_paused = want
                 try:
                     messages = consumer.consume(500, 0.1)
                 except KafkaException as exc:
@@ -263,6 +265,12 @@ class KafkaTransport:
             start = starts.get((tp.topic, tp.partition))
             tp.offset = OFFSET_INVALID if start is None else start  # None: Kafka's committed
         consumer.assign(partitions)
+        # librdkafka keeps a partition's pause across unassign/assign, and a pause applied
+        # while nothing was assigned reached no partition: start the new assignment
+        # unpaused; the poll loop pauses it again if the buffer is still full
+        with contextlib.suppress(KafkaException):
+            consumer.resume(partitions)
+        self._fetch_paused = False
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(tp.topic, tp.partition) for tp in partitions]
