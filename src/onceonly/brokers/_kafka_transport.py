@@ -46,6 +46,7 @@ from confluent_kafka import (
 )
 
 from onceonly._core.offsets import PartitionOrder, Slot
+from onceonly._core.settle import header_text
 from onceonly._core.window import Bound
 from onceonly.brokers import _kafka_wire as wire
 from onceonly.brokers._kafka_positions import PartitionLost, Positions
@@ -485,9 +486,15 @@ class KafkaTransport:
         if producer is None:
             raise BrokerUnavailable("the consumer is not running", key=message_id)
         m: Message = d.raw
+        if not message_id:
+            # undecodable: the loop never learnt the id, but the record's own header says it
+            given = d.headers.get(HEADER_MESSAGE_ID)
+            if isinstance(given, str) and given:
+                message_id = given
+                headers = {**headers, HEADER_MESSAGE_ID: header_text(given)}
         await producer.produce(
             self.dead_letter_topic(d.source),
-            m.value() or b"",
+            m.value(),  # a tombstone stays a tombstone (None, not b"")
             key=m.key(),
             headers=wire.encode_headers(headers),
             message_id=message_id,

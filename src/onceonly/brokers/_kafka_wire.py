@@ -159,7 +159,7 @@ class AsyncProducer:
     async def produce(
         self,
         topic: str,
-        value: bytes,
+        value: bytes | None,
         *,
         key: bytes | None,
         headers: Sequence[tuple[str, bytes]],
