@@ -39,7 +39,7 @@ from nats.js import JetStreamContext, api
 
 import onceonly
 from onceonly.brokers.nats import NatsConsumer, NatsPublisher
-from onceonly.inbox_async import AsyncTx
+from onceonly.inbox import AsyncTx
 from onceonly.messaging import OutboxMessage
 
 DEFAULT_NATS = os.environ.get("ONCEONLY_TEST_NATS", "nats://127.0.0.1:4222")

@@ -27,7 +27,7 @@ from onceonly._core.admin_sql import query_predicate
 from onceonly._core.sql import qmark_to_format
 from onceonly.dashboard import _views
 from onceonly.dashboard import app as dashboard_app
-from onceonly.stores._postgres_sql import _RETURNING
+from onceonly.stores.postgres._sql import _RETURNING
 
 URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 TABLE = "bench_dashboard_records"

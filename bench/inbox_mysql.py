@@ -44,9 +44,9 @@ from pymysql.constants import CLIENT
 import onceonly
 from onceonly._core.fingerprint import fingerprint
 from onceonly._core.state import State, Write
+from onceonly._runtime import new_token
 from onceonly.inbox import Tx
-from onceonly.outcome import new_token
-from onceonly.stores._mysql_sql import MySQLStatements, bounded, claim_values, parse_url
+from onceonly.stores.mysql._sql import MySQLStatements, bounded, claim_values, parse_url
 
 DEFAULT_URL = os.environ.get(
     "ONCEONLY_BENCH_MYSQL",

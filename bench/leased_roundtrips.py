@@ -47,7 +47,7 @@ from psycopg import sql
 
 import onceonly
 from onceonly.inbox import Tx
-from onceonly.stores import postgres as pg_store
+from onceonly.stores.postgres import _store as pg_store
 
 DEFAULT_URL = os.environ.get(
     "ONCEONLY_BENCH_PG",

@@ -41,8 +41,8 @@ from typing import Any, TypeVar
 import onceonly
 from chaos.spec import ECHO_OUTBOX, EFFECTS, ORDERS, OUTBOX, RECORDS, ROLES, Spec, order_payload
 from onceonly.brokers.rabbitmq import RabbitMQConsumer, RabbitMQPublisher
+from onceonly.inbox import Outcome
 from onceonly.messaging import Delivery
-from onceonly.outcome import Outcome
 from onceonly.types import AsyncStore
 
 T = TypeVar("T")

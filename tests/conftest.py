@@ -111,7 +111,7 @@ _mysql_ok: bool | None = None
 def _mysql_connect() -> Any:
     import pymysql
 
-    from onceonly.stores._mysql_sql import parse_url
+    from onceonly.stores.mysql._sql import parse_url
 
     args = parse_url(MYSQL_URL)
     database = args.pop("database")

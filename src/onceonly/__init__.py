@@ -6,11 +6,16 @@ commit in one transaction. Leased mode (``idempotent``): a fenced, renewed lease
 effects outside the database. See docs/spec.md for the precise guarantees.
 """
 
+import importlib as _importlib
+import importlib.abc as _abc
+import importlib.machinery as _machinery
+import importlib.util as _util
 import logging as _logging
+import sys as _sys
+import types as _types
+import warnings as _warnings
 
-from onceonly.admin import Admin
-from onceonly.admin_async import AsyncAdmin
-from onceonly.decorator import idempotent
+from onceonly.admin import Admin, AsyncAdmin
 from onceonly.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -38,23 +43,85 @@ from onceonly.errors import (
     TransactionError,
     UnsupportedEngine,
 )
-from onceonly.inbox import Inbox, Tx
-from onceonly.inbox_async import AsyncInbox, AsyncTx
-from onceonly.inbox_batch import BatchItem
+from onceonly.inbox import (
+    AsyncClaim,
+    AsyncInbox,
+    AsyncLeasedRunner,
+    AsyncTx,
+    BatchItem,
+    Claim,
+    Inbox,
+    LeasedRunner,
+    Outcome,
+    Replay,
+    Tx,
+    current_async_claim,
+    current_claim,
+    idempotent,
+)
 from onceonly.keys import composite_key, content_key, time_window_key, uuid7, validate_key
-from onceonly.leased import Claim, LeasedRunner, Replay, current_claim
-from onceonly.leased_async import AsyncClaim, AsyncLeasedRunner, current_async_claim
 from onceonly.messaging import AsyncPublisher, Delivery, OutboxMessage, Publisher
-from onceonly.open import open_async_store, open_store
-from onceonly.outbox import Outbox
-from onceonly.outbox_async import AsyncOutbox
-from onceonly.outcome import Outcome
-from onceonly.relay import Relay, RelayStats
-from onceonly.relay_async import AsyncRelay
+from onceonly.outbox import AsyncOutbox, AsyncRelay, Outbox, Relay, RelayStats
+from onceonly.stores import open_async_store, open_store
 
 __version__ = "0.1.0"
 
 _logging.getLogger("onceonly").addHandler(_logging.NullHandler())
+
+
+# Modules that moved into packages: the old import paths still work and warn once.
+_MOVED = {
+    "onceonly.admin_async": "onceonly.admin",
+    "onceonly.decorator": "onceonly.inbox",
+    "onceonly.inbox_async": "onceonly.inbox",
+    "onceonly.inbox_batch": "onceonly.inbox",
+    "onceonly.inbox_batch_async": "onceonly.inbox",
+    "onceonly.leased": "onceonly.inbox",
+    "onceonly.leased_async": "onceonly.inbox",
+    "onceonly.open": "onceonly.stores",
+    "onceonly.outbox_async": "onceonly.outbox",
+    "onceonly.outcome": "onceonly.inbox",
+    "onceonly.relay": "onceonly.outbox",
+    "onceonly.relay_async": "onceonly.outbox",
+    "onceonly.stores.engine_pool": "onceonly.stores",
+    "onceonly.stores.engine_pool_async": "onceonly.stores",
+    "onceonly.stores.mysql_async": "onceonly.stores.mysql",
+    "onceonly.stores.mysql_engine": "onceonly.stores.mysql",
+    "onceonly.stores.mysql_engine_async": "onceonly.stores.mysql",
+    "onceonly.stores.postgres_async": "onceonly.stores.postgres",
+    "onceonly.stores.postgres_partitions": "onceonly.stores.postgres",
+    "onceonly.stores.postgres_partitions_async": "onceonly.stores.postgres",
+    "onceonly.stores.postgres_psycopg2_engine": "onceonly.stores.postgres",
+    "onceonly.stores.redis_store": "onceonly.stores.redis",
+    "onceonly.stores.redis_store_async": "onceonly.stores.redis",
+    "onceonly.stores.sqlite_engine": "onceonly.stores.sqlite",
+    "onceonly.stores.threaded": "onceonly.stores",
+    "onceonly.stores.tiered_async": "onceonly.stores.tiered",
+    "onceonly.tx": "onceonly.inbox",
+    "onceonly.tx_async": "onceonly.inbox",
+}
+
+
+class _MovedModule(_abc.MetaPathFinder, _abc.Loader):
+    """Imports a moved module's package face under the old name, with a warning."""
+
+    def find_spec(
+        self, fullname: str, path: object, target: object = None
+    ) -> _machinery.ModuleSpec | None:
+        return _util.spec_from_loader(fullname, self) if fullname in _MOVED else None
+
+    def create_module(self, spec: _machinery.ModuleSpec) -> _types.ModuleType:
+        face = _MOVED[spec.name]
+        _warnings.warn(
+            f"{spec.name} moved: import from {face} instead", DeprecationWarning, stacklevel=2
+        )
+        return _importlib.import_module(face)
+
+    def exec_module(self, module: _types.ModuleType) -> None:
+        pass
+
+
+_sys.meta_path.append(_MovedModule())
 
 __all__ = [
     "Admin",

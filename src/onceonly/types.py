@@ -117,7 +117,7 @@ class Store(Protocol):
         the store itself. Two stores with equal sources share their connections (or a
         single writer), so a call on one made while a transaction of the other is open
         can wait for itself: an ``@idempotent`` call inside an atomic handler is refused
-        when their sources are equal (a :class:`~onceonly.stores.tiered.TieredStore`
+        when their sources are equal (a :class:`~onceonly.stores.tiered._store.TieredStore`
         gives its durable store's).
 
         .. versionadded:: 0.5
@@ -190,7 +190,7 @@ class AsyncStore(Protocol):
 
 
 class AdminStore(Protocol):
-    """Operator access to a store's records, beside the claim path (``onceonly.admin``).
+    """Operator access to a store's records, beside the claim path (``onceonly.admin._admin``).
 
     A store offers it through ``store.admin()``. Reads and deletes only: every fenced
     write (reap, redrive) goes through the store's own ``Session.update``, with the

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from onceonly._core.state import Record, State, Write
-from onceonly.outcome import new_token
+from onceonly._runtime import new_token
 
 
 def put(

@@ -8,7 +8,7 @@ from typing import Any
 import onceonly
 from onceonly._core.admin import Query
 from onceonly._core.state import State, Write
-from onceonly.outcome import new_token
+from onceonly._runtime import new_token
 
 
 async def _put(store: Any, key: str, state: State, **kw: Any) -> None:

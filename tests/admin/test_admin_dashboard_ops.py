@@ -13,8 +13,8 @@ import pytest
 import onceonly
 from onceonly._core.admin import BUCKET_SECONDS, Query
 from onceonly._core.state import State, Write
+from onceonly._runtime import new_token
 from onceonly.errors import ConfigurationError
-from onceonly.outcome import new_token
 
 
 async def _put(store: Any, scope: str, key: str, state: State, **kw: Any) -> None:

@@ -15,8 +15,8 @@ import pytest
 
 import onceonly
 from onceonly._core.state import Action, Policy, State, decide
+from onceonly._runtime import new_token
 from onceonly.admin import Admin
-from onceonly.outcome import new_token
 from tests.conftest import PG_URL, StoreFactory
 
 

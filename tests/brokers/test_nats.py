@@ -27,7 +27,7 @@ from nats.js.api import ConsumerInfo, StreamConfig
 import onceonly
 from onceonly.brokers.nats import NatsConsumer, NatsPublisher
 from onceonly.errors import ConfigurationError, PublishError
-from onceonly.inbox_async import AsyncTx
+from onceonly.inbox import AsyncTx
 from onceonly.messaging import OutboxMessage
 from tests.conftest import unavailable
 

@@ -18,7 +18,7 @@ import pytest
 import onceonly
 from onceonly.brokers._sqs_transport import SqsTransport
 from onceonly.brokers.sqs import SqsConsumer
-from onceonly.stores._redis_lua import record_key
+from onceonly.stores.redis._lua import record_key
 from tests.brokers._kits import SQS_OPTIONS, moto_endpoint
 from tests.conftest import REDIS_URL, drop_redis_prefix, require_redis, unique_table
 

@@ -20,9 +20,9 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 #: module -> the extra it needs
 EXTRAS = {
     "onceonly.stores.postgres": "postgres",
-    "onceonly.stores.postgres_async": "postgres",
-    "onceonly.stores.postgres_session": "postgres",
-    "onceonly.stores._postgres_sql": "postgres",
+    "onceonly.stores.postgres._store_async": "postgres",
+    "onceonly.stores.postgres._session": "postgres",
+    "onceonly.stores.postgres._sql": "postgres",
     "onceonly.brokers.rabbitmq": "rabbitmq",
     "onceonly.brokers.nats": "nats",
     "onceonly.brokers.redis_streams": "redis",
@@ -93,7 +93,7 @@ def test_open_store_and_the_relay_cli_name_the_extra(bare_python: Path) -> None:
         bare_python,
         """
         import onceonly
-        from onceonly.cli_outbox import publisher_from_url
+        from onceonly.cli._outbox import publisher_from_url
         for call in (lambda: onceonly.open_store("postgresql://u@h/db"),
                      lambda: publisher_from_url("amqp://guest@h/"),
                      lambda: publisher_from_url("nats://h:4222")):

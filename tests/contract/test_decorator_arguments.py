@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import pytest
 
 import onceonly
-from onceonly._acompat import Heartbeat, _Renewals
+from onceonly._runtime import Heartbeat, _Renewals
 
 
 def test_positional_keyword_and_default_calls_are_one_call() -> None:

@@ -22,7 +22,7 @@ import pytest
 
 import onceonly
 from onceonly._core.state import Policy, State
-from onceonly.leased import LeasedRunner
+from onceonly.inbox import LeasedRunner
 from tests.conftest import PG_URL, StoreFactory, business_table, require_postgres
 
 LEASE = 0.3

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import onceonly
 from onceonly._core.state import Policy
-from onceonly.leased import LeasedRunner
+from onceonly.inbox import LeasedRunner
 
 LONG = os.environ.get("HYPOTHESIS_PROFILE") == "fuzz"
 FUZZ = settings(

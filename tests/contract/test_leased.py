@@ -12,7 +12,7 @@ import pytest
 
 import onceonly
 from onceonly._core.state import Policy
-from onceonly.leased import LeasedRunner
+from onceonly.inbox import LeasedRunner
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import onceonly
-from onceonly import _acompat
+from onceonly import _runtime
 from onceonly.stores.memory import MemoryStore
 
 HUGE = {
@@ -90,7 +90,7 @@ def renewals(monkeypatch: pytest.MonkeyPatch) -> list[BaseException | None]:
     A sync lease past ``threading.TIMEOUT_MAX`` kills the scheduler's thread; a private
     one keeps that from stopping the renewals of the tests that run next.
     """
-    monkeypatch.setattr(_acompat._Renewals, "_instance", None)
+    monkeypatch.setattr(_runtime._Renewals, "_instance", None)
     died: list[BaseException | None] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
     return died

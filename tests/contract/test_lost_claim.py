@@ -19,7 +19,7 @@ import pytest
 import onceonly
 from onceonly._core.state import Policy, State
 from onceonly.errors import StoreUnavailable
-from onceonly.leased import LeasedRunner
+from onceonly.inbox import LeasedRunner
 
 
 class LosingReplies:

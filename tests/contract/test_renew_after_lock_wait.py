@@ -19,7 +19,7 @@ import pytest
 
 from onceonly._core.state import Policy
 from onceonly.errors import InFlight
-from onceonly.leased import Claim, LeasedRunner
+from onceonly.inbox import Claim, LeasedRunner
 from tests.conftest import PG_URL, SQL_KINDS, StoreFactory, _mysql_connect
 
 LEASE = 1.0

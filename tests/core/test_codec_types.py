@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import onceonly
 from onceonly._core import codec
 from onceonly._core.state import Record, State
-from onceonly.outcome import replayed_result
+from onceonly.inbox._outcome import replayed_result
 from tests._ids import stable_repr
 
 UTC = dt.timezone.utc

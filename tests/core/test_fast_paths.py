@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from onceonly._core import canonical, codec
 from onceonly._core.keys import MAX_KEY_LENGTH, validate_key
 from onceonly._core.state import Record, Write
+from onceonly._runtime import new_token
 from onceonly.errors import EncodingError, InvalidKey, InvalidPayload, TooLarge
-from onceonly.outcome import Outcome, new_token
+from onceonly.inbox._outcome import Outcome
 from onceonly.types import Snapshot
 
 
@@ -145,7 +146,8 @@ def test_tokens_are_63_bit_and_distinct() -> None:
 
 _FORK_CHECK = """
 import os
-from onceonly.outcome import Outcome, new_token
+from onceonly.inbox._outcome import Outcome
+from onceonly._runtime import new_token
 from onceonly.types import Snapshot
 new_token()  # the buffer now holds tokens a child would inherit
 read, write = os.pipe()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from onceonly import _acompat
+from onceonly import _runtime
 from onceonly.errors import StoreError, StoreUnavailable
 
 
@@ -26,7 +26,7 @@ def test_a_renewal_error_is_retried_only_when_transient(
         calls.append(time.monotonic())
         raise error
 
-    heartbeat = _acompat.Heartbeat(0.02, beat)
+    heartbeat = _runtime.Heartbeat(0.02, beat)
     heartbeat.start()
     try:
         time.sleep(0.3)
@@ -49,7 +49,7 @@ def test_an_async_renewal_error_is_retried_only_when_transient(
         raise error
 
     async def main() -> None:
-        heartbeat = _acompat.AsyncHeartbeat(0.02, beat)
+        heartbeat = _runtime.AsyncHeartbeat(0.02, beat)
         heartbeat.start()
         await asyncio.sleep(0.3)
         await heartbeat.stop()

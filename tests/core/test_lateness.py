@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from onceonly._admin_common import DuplicateRecorder, LatenessReport
 from onceonly._core.admin import BUCKET_SECONDS
 from onceonly._core.lateness import (
     HALF_TTL,
@@ -20,6 +19,7 @@ from onceonly._core.lateness import (
     sum_lateness,
 )
 from onceonly._core.state import Record, State
+from onceonly.admin import DuplicateRecorder, LatenessReport
 from onceonly.errors import ConfigurationError
 from onceonly.events import Event, EventKind
 from onceonly.stores.memory import MemoryStore

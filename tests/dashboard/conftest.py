@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from onceonly._core.state import State, Write
-from onceonly.outcome import new_token
+from onceonly._runtime import new_token
 from tests.conftest import _async_store
 
 TOKEN = "s3cret-operator-token"

@@ -354,7 +354,7 @@ async def test_redriven_record_runs_on_the_next_delivery(dash_store: Any) -> Non
 
 async def test_outbox_dead_rows_redrive(dash_store: Any) -> None:
     """Dead outbox rows are listed and redriven to pending."""
-    from onceonly.outbox_async import AsyncOutbox
+    from onceonly.outbox import AsyncOutbox
 
     outbox = AsyncOutbox(dash_store)
     async with dash_store.transaction() as s:

@@ -18,7 +18,7 @@ import pytest
 
 import onceonly
 from onceonly._core.state import Policy
-from onceonly.leased import LeasedRunner
+from onceonly.inbox import LeasedRunner
 from tests.conftest import PG_URL, drop_pg_table, require_postgres, unique_table
 from tests.e2e._proxy import TcpProxy
 from tests.http.servers import serve

@@ -39,7 +39,7 @@ from hypothesis.stateful import (
 import onceonly
 from onceonly._core.fingerprint import fingerprint
 from onceonly._core.state import Policy, Record
-from onceonly.leased import Claim, LeasedRunner, Replay
+from onceonly.inbox import Claim, LeasedRunner, Replay
 from onceonly.stores.memory import MemoryStore
 from onceonly.testing import ManualClock
 from tests.conftest import require_mysql, require_postgres

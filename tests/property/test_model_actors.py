@@ -82,7 +82,7 @@ from onceonly._core.state import (
     decide,
     fail_write,
 )
-from onceonly.outcome import new_token
+from onceonly._runtime import new_token
 from tests.conftest import require_mysql, require_postgres, require_redis
 from tests.property.reference import (
     ADVANCES,

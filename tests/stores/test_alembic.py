@@ -17,8 +17,8 @@ from alembic.config import Config
 from sqlalchemy import create_engine, inspect
 
 import onceonly
+from onceonly.cli._checks import check_store
 from onceonly.contrib.alembic import drop_statements, schema_statements
-from onceonly.doctor import check_store
 from onceonly.testing import ListPublisher
 from tests.conftest import (
     MYSQL_URL,

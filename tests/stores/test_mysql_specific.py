@@ -15,8 +15,8 @@ import pytest
 
 import onceonly
 from onceonly._core.state import State, Write
-from onceonly.outcome import new_token
-from onceonly.stores._mysql_sql import lock_wait_seconds, parse_url
+from onceonly._runtime import new_token
+from onceonly.stores.mysql._sql import lock_wait_seconds, parse_url
 from tests.conftest import (
     MYSQL_URL,
     StoreFactory,

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 import onceonly
-from onceonly.doctor import check_store
-from onceonly.stores.postgres_pool import behind_pooler, transaction_pooling
+from onceonly.cli._checks import check_store
+from onceonly.stores.postgres._pool import behind_pooler, transaction_pooling
 from tests.cli.test_records_cli import onceonly_cli
 from tests.conftest import (
     PG_URL,

@@ -123,7 +123,7 @@ def test_async_relay_polls_behind_transaction_pooling(
 def test_polling_backs_off_and_stays_across_outages() -> None:
     """Polling waits 50 ms after a poll that found rows, doubles to at most 1 s (or the
     poll interval), and a reconnection after an outage keeps it (no new check)."""
-    from onceonly.relay_wake import POLL_CAP, POLL_FIRST, Polling, close_listener
+    from onceonly.outbox._wake import POLL_CAP, POLL_FIRST, Polling, close_listener
 
     polling = Polling()
     waits = [polling.next_wait(False, 30.0) for _ in range(7)]

@@ -34,8 +34,7 @@ from onceonly.errors import (
     StoreUnavailable,
     TransactionAborted,
 )
-from onceonly.stores.postgres import PostgresStore
-from onceonly.stores.postgres_async import AsyncPostgresStore
+from onceonly.stores.postgres import AsyncPostgresStore, PostgresStore
 
 PG_URL = os.environ.get("ONCEONLY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

@@ -16,9 +16,9 @@ import pytest
 
 import onceonly
 from onceonly._core.state import Policy, claim_write
-from onceonly.leased import LeasedRunner
-from onceonly.outcome import new_token
-from onceonly.stores._redis_lua import record_key
+from onceonly._runtime import new_token
+from onceonly.inbox import LeasedRunner
+from onceonly.stores.redis._lua import record_key
 from tests.conftest import REDIS_URL, StoreFactory, drop_redis_prefix, require_redis
 
 
@@ -206,7 +206,7 @@ def test_foreign_values_are_typed_errors(store: Any, client: Any) -> None:
 def test_a_user_client_is_used_and_left_open(client: Any) -> None:
     """client= runs the store on the caller's redis-py client, which close() leaves open."""
     prefix = f"user_{time.monotonic_ns()}:"
-    from onceonly.stores.redis_store import RedisStore
+    from onceonly.stores.redis import RedisStore
 
     store = RedisStore(client=client, prefix=prefix)
     try:

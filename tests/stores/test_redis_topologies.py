@@ -13,8 +13,8 @@ import pytest
 
 import onceonly
 from onceonly._core.state import Policy
-from onceonly.leased import LeasedRunner
-from onceonly.stores._redis_url import RedisTarget, parse
+from onceonly.inbox import LeasedRunner
+from onceonly.stores.redis._url import RedisTarget, parse
 from tests.outbox.test_relay_outage import Server, _free_port, _need
 
 

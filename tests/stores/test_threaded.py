@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import onceonly
-from onceonly.stores.threaded import ThreadedAsyncStore
+from onceonly.stores import ThreadedAsyncStore
 
 
 class Ticker:

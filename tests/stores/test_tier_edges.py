@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 import onceonly
-from onceonly._admin_common import admin_store
-from onceonly.stores._tiers import CircuitBreaker
+from onceonly.admin import admin_store
 from onceonly.stores.tiered import LocalTier, RedisTier, TieredStore
+from onceonly.stores.tiered._tiers import CircuitBreaker
 from tests.conftest import StoreFactory
 from tests.outbox.test_relay_outage import Server, _free_port, _need
 

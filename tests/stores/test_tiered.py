@@ -288,7 +288,7 @@ def test_the_lru_keeps_the_most_recently_used() -> None:
 
 async def test_async_tiers(redis_factory: StoreFactory, tmp_path: Path) -> None:
     """The async store: a replay from the Redis tier, then from the local one."""
-    from onceonly.stores.tiered_async import AsyncRedisTier, AsyncTieredStore
+    from onceonly.stores.tiered import AsyncRedisTier, AsyncTieredStore
 
     require_redis()
     durable = onceonly.open_async_store(f"sqlite:///{tmp_path / 'a.db'}")

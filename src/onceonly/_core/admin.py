@@ -176,7 +176,7 @@ class ScopeStats:
             first claimed (its ``created_at``, kept across retries; ``None``: none).
         expired: completed records past ``expires_at`` not purged yet.
         claims: deliveries counted in the stats window that ran or replayed (from
-            :class:`onceonly.admin.DuplicateCounter`, when one is installed).
+            :class:`onceonly.admin._admin.DuplicateCounter`, when one is installed).
         replays: those that replayed a stored result.
     """
 

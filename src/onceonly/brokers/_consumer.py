@@ -56,12 +56,9 @@ from onceonly._core.settle import (
 )
 from onceonly.brokers._ids import MessageIds, decode_body, valid_id
 from onceonly.errors import ConfigurationError, InvalidKey, StoreUnavailable
-from onceonly.inbox_async import AsyncInbox, AsyncTx
-from onceonly.inbox_batch_async import BatchItem
-from onceonly.inbox_leased_async import LEASED, AsyncLeasedTx
-from onceonly.leased_async import AsyncClaim
+from onceonly.inbox import AsyncClaim, AsyncInbox, AsyncTx, BatchItem, Outcome
+from onceonly.inbox._leased_inbox_async import LEASED, AsyncLeasedTx
 from onceonly.messaging import Delivery
-from onceonly.outcome import Outcome
 
 __all__ = [
     "DELIVERY_MARGIN",

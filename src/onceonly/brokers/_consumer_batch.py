@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from onceonly._core.settle import ACK, Action
 from onceonly.brokers._consumer import Deliveries, Prepared, Settlement, pause
-from onceonly.inbox_batch_async import BatchItem
+from onceonly.inbox import BatchItem
 
 __all__ = ["run_batch"]
 

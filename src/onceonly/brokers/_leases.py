@@ -16,9 +16,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from onceonly.brokers._transport import Incoming
-from onceonly.inbox_async import AsyncInbox
-from onceonly.inbox_leased_async import renew_lease
-from onceonly.leased_async import AsyncClaim
+from onceonly.inbox import AsyncClaim, AsyncInbox
+from onceonly.inbox._leased_inbox_async import renew_lease
 
 __all__ = ["Leases"]
 

@@ -70,10 +70,10 @@ from onceonly.brokers._consumer_batch import run_batch
 from onceonly.brokers._ids import content_type_of
 from onceonly.brokers._leases import Leases
 from onceonly.brokers._transport import Incoming, Transport
-from onceonly.doctor import check_pool
+from onceonly.cli._checks import check_pool
 from onceonly.errors import BrokerUnavailable, ConfigurationError
-from onceonly.inbox_async import AsyncInbox
-from onceonly.inbox_leased_async import LEASED
+from onceonly.inbox import AsyncInbox
+from onceonly.inbox._leased_inbox_async import LEASED
 from onceonly.messaging import Delivery
 
 __all__ = ["RECONNECT", "ConsumerLoop", "Incoming", "Transport"]  # re-exported

@@ -24,7 +24,7 @@ from onceonly.brokers._consumer import Handler, MessageIds
 from onceonly.brokers._loop import ConsumerLoop
 from onceonly.brokers._transport import Incoming
 from onceonly.errors import ConfigurationError, PublishError
-from onceonly.inbox_async import AsyncInbox
+from onceonly.inbox import AsyncInbox
 from onceonly.messaging import HEADER_KEY, OutboxMessage
 
 __all__ = ["DeadLetter", "MemoryBroker", "MemoryConsumer", "MemoryMessage"]

@@ -67,10 +67,8 @@ from onceonly.brokers._kafka_transport import KafkaTransport
 from onceonly.brokers._kafka_wire import client_config
 from onceonly.brokers._loop import ConsumerLoop
 from onceonly.errors import ConfigurationError
-from onceonly.inbox_async import AsyncInbox, AsyncTx
-from onceonly.inbox_batch_async import BatchItem
-from onceonly.inbox_leased_async import LEASED
-from onceonly.outcome import Outcome
+from onceonly.inbox import AsyncInbox, AsyncTx, BatchItem, Outcome
+from onceonly.inbox._leased_inbox_async import LEASED
 
 __all__ = ["KafkaConsumer", "KafkaPublisher", "PartitionLost"]
 

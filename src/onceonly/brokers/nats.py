@@ -67,7 +67,7 @@ from onceonly.brokers._nats_publisher import NatsPublisher
 from onceonly.brokers._nats_transport import NatsTransport
 from onceonly.brokers._nats_wire import MSG_ID_HEADER, is_literal, subject_matches
 from onceonly.errors import ConfigurationError
-from onceonly.inbox_async import AsyncInbox
+from onceonly.inbox import AsyncInbox
 
 __all__ = ["HEADER_SOURCE", "MSG_ID_HEADER", "NatsConsumer", "NatsPublisher"]
 

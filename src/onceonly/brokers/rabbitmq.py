@@ -66,7 +66,7 @@ from onceonly.brokers._amqp_wire import translate as _translate  # noqa: F401 (t
 from onceonly.brokers._consumer import Handler, MessageIds
 from onceonly.brokers._loop import ConsumerLoop
 from onceonly.errors import ConfigurationError
-from onceonly.inbox_async import AsyncInbox
+from onceonly.inbox import AsyncInbox
 
 __all__ = ["RabbitMQConsumer", "RabbitMQPublisher"]
 

@@ -71,7 +71,7 @@ from onceonly.brokers._redis_transport import RedisStreamsTransport
 from onceonly.brokers._redis_wire import StreamEntry, client
 from onceonly.brokers._redis_wire import message_id as _message_id  # noqa: F401 (tests)
 from onceonly.errors import ConfigurationError
-from onceonly.inbox_async import AsyncInbox
+from onceonly.inbox import AsyncInbox
 
 __all__ = ["RedisStreamsConsumer", "RedisStreamsPublisher", "StreamEntry"]
 

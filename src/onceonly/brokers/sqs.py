@@ -39,7 +39,7 @@ from onceonly.brokers._loop import ConsumerLoop
 from onceonly.brokers._sqs_publisher import SqsPublisher
 from onceonly.brokers._sqs_transport import SqsTransport
 from onceonly.errors import ConfigurationError
-from onceonly.inbox_async import AsyncInbox
+from onceonly.inbox import AsyncInbox
 
 __all__ = ["SqsConsumer", "SqsPublisher"]
 

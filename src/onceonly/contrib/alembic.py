@@ -26,9 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 from onceonly._core.sql import validate_identifier
-from onceonly._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
-from onceonly._outbox_sql import OutboxSQL
 from onceonly.errors import ConfigurationError
+from onceonly.stores._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
+from onceonly.stores._outbox_sql import OutboxSQL
 
 __all__ = ["create_tables", "drop_statements", "drop_tables", "schema_statements"]
 
@@ -55,11 +55,11 @@ def _bound(statement: str, placeholder: str, *values: str | int) -> str:
 
 def _versions(dialect: str, table: str, outbox_table: str | None) -> list[tuple[str, int]]:
     if dialect == "sqlite":
-        from onceonly.stores.sqlite import SCHEMA_VERSION
+        from onceonly.stores.sqlite._store import SCHEMA_VERSION
     elif dialect == "mysql":
-        from onceonly.stores._mysql_sql import SCHEMA_VERSION
+        from onceonly.stores.mysql._sql import SCHEMA_VERSION
     else:
-        from onceonly.stores.postgres_schema import SCHEMA_VERSION
+        from onceonly.stores.postgres._schema import SCHEMA_VERSION
     rows = [(f"records:{table}", SCHEMA_VERSION)]
     if outbox_table is not None:
         rows.append((f"outbox:{outbox_table}", OUTBOX_SCHEMA_VERSION))
@@ -81,18 +81,18 @@ def schema_statements(
         validate_identifier(outbox_table)
     versions = _versions(dialect, table, outbox_table)
     if dialect == "sqlite":
-        from onceonly.stores.sqlite import SCHEMA_UPSERT, schema_ddl
+        from onceonly.stores.sqlite._store import SCHEMA_UPSERT, schema_ddl
 
         return schema_ddl(table, outbox_table) + [_bound(SCHEMA_UPSERT, "?", *v) for v in versions]
     if dialect == "mysql":
-        from onceonly.stores._mysql_sql import SCHEMA_DDL, records_ddl
-        from onceonly.stores._mysql_sql import SCHEMA_UPSERT as MYSQL_UPSERT
+        from onceonly.stores.mysql._sql import SCHEMA_DDL, records_ddl
+        from onceonly.stores.mysql._sql import SCHEMA_UPSERT as MYSQL_UPSERT
 
         ddl = [SCHEMA_DDL, records_ddl(table)]
         if outbox_table is not None:
             ddl += OutboxSQL("mysql", outbox_table).migrate()
         return ddl + [_bound(MYSQL_UPSERT, "%s", *v) for v in versions]
-    from onceonly.stores._postgres_sql import _records_ddl, schema_table_ddl, version_upsert
+    from onceonly.stores.postgres._sql import _records_ddl, schema_table_ddl, version_upsert
 
     pg = [schema_table_ddl().as_string(None)]
     pg += [ddl.as_string(None) for ddl in _records_ddl(table)]

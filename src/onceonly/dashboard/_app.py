@@ -41,7 +41,8 @@ from starlette.types import Receive, Scope, Send
 from onceonly._core.admin import redrive_decision
 from onceonly._core.lateness import BIN_LABELS, DUPLICATE_BINS, HALF_TTL, NEAR_TTL, UNKNOWN
 from onceonly._core.state import Record, State
-from onceonly.admin_async import AsyncAdmin, LatenessReport
+from onceonly._runtime import new_token
+from onceonly.admin import AsyncAdmin, LatenessReport
 from onceonly.dashboard import _views
 from onceonly.dashboard._auth import COOKIE, SESSION_SECONDS, Auth, Verdict
 from onceonly.errors import (
@@ -52,7 +53,6 @@ from onceonly.errors import (
     StoreMisconfigured,
     StoreUnavailable,
 )
-from onceonly.outcome import new_token
 
 __all__ = ["Dashboard"]
 
@@ -478,7 +478,7 @@ class Dashboard:
         box = await _views.outbox_summary(self.store, self.outbox_table) if self.outbox else None
         rows = []
         if box is not None:
-            from onceonly.outbox_async import AsyncOutbox
+            from onceonly.outbox import AsyncOutbox
 
             rows = await AsyncOutbox(self.store, table=self.outbox_table).rows("dead", 200)
         return self.render(request, "outbox.html", box=box, rows=rows)
@@ -633,7 +633,7 @@ class Dashboard:
         box = await _views.outbox_summary(self.store, self.outbox_table) if self.outbox else None
         if box is None:
             return JSONResponse({"error": "this store has no outbox"}, status_code=404)
-        from onceonly.outbox_async import AsyncOutbox
+        from onceonly.outbox import AsyncOutbox
 
         try:
             limit = _views.parse_limit(request.query_params.get("limit", "100"))
@@ -739,7 +739,7 @@ class Dashboard:
     async def _outbox_redrive(self, message_id: str | None) -> int | None:
         if not self.outbox or await _views.outbox_summary(self.store, self.outbox_table) is None:
             return None
-        from onceonly.outbox_async import AsyncOutbox
+        from onceonly.outbox import AsyncOutbox
 
         return await AsyncOutbox(self.store, table=self.outbox_table).redrive(message_id)
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """What the pages and the JSON API show, read through :class:`~onceonly.AsyncAdmin` and
-:class:`~onceonly.outbox_async.AsyncOutbox` (no I/O of its own beyond theirs).
+:class:`~onceonly.outbox._outbox_async.AsyncOutbox` (no I/O of its own beyond theirs).
 
 Record fields are turned into plain JSON values here; escaping is the templates' job
 (Jinja2 autoescape) and the JSON encoder's."""
@@ -18,7 +18,7 @@ from typing import Any
 from onceonly._core.admin import Query
 from onceonly._core.lateness import BIN_LABELS, DUPLICATE_BINS, SECONDS_EDGES, UNKNOWN
 from onceonly._core.state import Record, State
-from onceonly.admin_async import AsyncAdmin, DuplicatePoint, LatenessReport
+from onceonly.admin import AsyncAdmin, DuplicatePoint, LatenessReport
 from onceonly.errors import ConfigurationError, StoreError
 
 __all__ = [
@@ -323,7 +323,7 @@ def lateness_json(report: LatenessReport) -> dict[str, Any]:
 async def outbox_summary(store: Any, table: str | None) -> dict[str, Any] | None:
     """Pending and dead outbox rows and the relay's lag (the oldest pending row's age);
     ``None`` when the store has no outbox table."""
-    from onceonly.outbox_async import AsyncOutbox
+    from onceonly.outbox import AsyncOutbox
 
     try:
         outbox = AsyncOutbox(store, table=table)

@@ -210,7 +210,7 @@ class _MySQLConnection:
         try:
             import pymysql
 
-            from onceonly.stores._mysql_sql import parse_url as mysql_args
+            from onceonly.stores.mysql._sql import parse_url as mysql_args
         except ImportError as exc:
             raise DemoError(
                 "MariaDB/MySQL needs the mysql extra: pip install 'onceonly[mysql]'"

@@ -39,8 +39,7 @@ from onceonly.errors import (
 )
 from onceonly.events import Listener
 from onceonly.http._common import Settings, log, problem_for
-from onceonly.inbox import Inbox, Tx
-from onceonly.inbox_async import AsyncInbox, AsyncTx
+from onceonly.inbox import AsyncInbox, AsyncTx, Inbox, Tx
 
 __all__ = ["refused", "run_asgi", "run_wsgi"]
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from onceonly._core import http as core
+from onceonly._core.durations import seconds
 from onceonly._core.state import Policy
 from onceonly.errors import (
     ConfigurationError,
@@ -20,7 +21,6 @@ from onceonly.errors import (
     StoreUnavailable,
 )
 from onceonly.events import EventHook, Listener
-from onceonly.outcome import seconds
 
 __all__ = ["HttpRequest", "Principal", "Settings", "idempotency", "problem_for", "rule_of"]
 

@@ -3,7 +3,7 @@
 """The HTTP flow, written once: identify, claim, heartbeat, run, store, final write.
 
 Every driver (ASGI, WSGI, Django) runs a keyed request the same way, over the public
-held-claim API of :mod:`onceonly.leased`:
+held-claim API of :mod:`onceonly.inbox._leased`:
 
 0. :func:`onceonly._core.http.plan` parsed the key (an RFC 8941 sf-string) and chose the
    scope (namespace + principal); :meth:`HttpFlow.identify` adds what decides the
@@ -51,7 +51,7 @@ from onceonly.errors import (
 )
 from onceonly.events import HttpEvents, Listener
 from onceonly.http._common import Settings, log, problem_for
-from onceonly.leased import Claim, LeasedRunner, Replay
+from onceonly.inbox import Claim, LeasedRunner, Replay
 from onceonly.types import Store
 
 __all__ = ["Answer", "Exchange", "HttpFlow", "Keyed", "replay_answer"]

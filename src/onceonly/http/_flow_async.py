@@ -2,7 +2,7 @@
 """The HTTP flow, written once: identify, claim, heartbeat, run, store, final write.
 
 Every driver (ASGI, WSGI, Django) runs a keyed request the same way, over the public
-held-claim API of :mod:`onceonly.leased_async`:
+held-claim API of :mod:`onceonly.inbox._leased_async`:
 
 0. :func:`onceonly._core.http.plan` parsed the key (an RFC 8941 sf-string) and chose the
    scope (namespace + principal); :meth:`AsyncHttpFlow.identify` adds what decides the
@@ -50,7 +50,7 @@ from onceonly.errors import (
 )
 from onceonly.events import HttpEvents, Listener
 from onceonly.http._common import Settings, log, problem_for
-from onceonly.leased_async import AsyncClaim, AsyncLeasedRunner, Replay
+from onceonly.inbox import AsyncClaim, AsyncLeasedRunner, Replay
 from onceonly.types import AsyncStore
 
 __all__ = ["Answer", "AsyncExchange", "AsyncHttpFlow", "Keyed", "replay_answer"]

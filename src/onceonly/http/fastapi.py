@@ -20,7 +20,7 @@ from onceonly._core.http import Requirement, RouteRule
 from onceonly.errors import ConfigurationError
 from onceonly.http._common import MARKER, idempotency
 from onceonly.http.asgi import IdempotencyMiddleware
-from onceonly.inbox_async import AsyncTx
+from onceonly.inbox import AsyncTx
 
 __all__ = ["IdempotencyMiddleware", "idempotency", "idempotency_key", "idempotent_tx"]
 

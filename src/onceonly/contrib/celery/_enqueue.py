@@ -23,9 +23,8 @@ from typing import Any, overload
 from kombu.exceptions import OperationalError
 
 from onceonly.errors import BrokerUnavailable, ConfigurationError, PublishError
+from onceonly.inbox import AsyncTx, Tx
 from onceonly.messaging import AsyncPublisher, OutboxMessage, Publisher
-from onceonly.tx import Tx
-from onceonly.tx_async import AsyncTx
 
 __all__ = ["TOPIC_PREFIX", "AsyncCeleryPublisher", "CeleryPublisher", "enqueue", "task_call"]
 

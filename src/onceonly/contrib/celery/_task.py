@@ -15,7 +15,7 @@ The scope of the keys is the task's name.
   ``task_reject_on_worker_lost`` redelivers it) still reaches ``max_attempts`` and ends
   dead (:class:`~onceonly.DeadLettered`) instead of being redelivered for ever.
 * **Leased** (the default): the function runs under a leased claim
-  (:class:`~onceonly.leased.LeasedRunner`, as ``@idempotent``): for effects outside
+  (:class:`~onceonly.inbox._leased.LeasedRunner`, as ``@idempotent``): for effects outside
   the database; works on every store, Redis included.
 
 Either way a duplicate replays the stored result, a failure is recorded and counted
@@ -42,18 +42,16 @@ from celery._state import get_current_task
 from celery.exceptions import Retry
 
 from onceonly._core import codec
+from onceonly._core.durations import seconds
 from onceonly._core.fingerprint import fingerprint
 from onceonly._core.keys import validate_key
 from onceonly._core.state import Policy
-from onceonly._inbox_rules import HandlerFailed
 from onceonly.errors import ConfigurationError, InFlight, StoreUnavailable
 from onceonly.events import Listener
-from onceonly.inbox import Inbox
-from onceonly.inbox_failures import uncount
-from onceonly.leased import LeasedRunner
+from onceonly.inbox import Inbox, LeasedRunner, Tx
+from onceonly.inbox._failures import uncount
+from onceonly.inbox._rules import HandlerFailed
 from onceonly.messaging import Delivery
-from onceonly.outcome import seconds
-from onceonly.tx import Tx
 
 __all__ = ["idempotent_task"]
 

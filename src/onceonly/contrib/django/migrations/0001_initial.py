@@ -14,7 +14,7 @@ from django.db import migrations
 
 def create_records_table(apps: Any, schema_editor: Any) -> None:
     from onceonly.contrib.django.apps import DEFAULT_TABLE, options, store_url
-    from onceonly.open import open_store
+    from onceonly.stores import open_store
 
     if schema_editor.connection.alias != "default":
         return

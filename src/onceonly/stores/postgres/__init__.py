@@ -1,0 +1,23 @@
+# SPDX-License-Identifier: MIT
+"""The PostgreSQL stores (psycopg 3, a SQLAlchemy engine or psycopg2) and monthly partitions.
+
+Imports psycopg, from the ``postgres`` extra.
+"""
+
+from __future__ import annotations
+
+from onceonly.stores.postgres._partitions import DroppedPartitions, Partition, PostgresPartitions
+from onceonly.stores.postgres._partitions_async import AsyncPostgresPartitions
+from onceonly.stores.postgres._psycopg2_engine import Psycopg2EngineStore
+from onceonly.stores.postgres._store import PostgresStore
+from onceonly.stores.postgres._store_async import AsyncPostgresStore
+
+__all__ = [
+    "AsyncPostgresPartitions",
+    "AsyncPostgresStore",
+    "DroppedPartitions",
+    "Partition",
+    "PostgresPartitions",
+    "PostgresStore",
+    "Psycopg2EngineStore",
+]
