@@ -1,5 +1,10 @@
 # SPDX-License-Identifier: MIT
-"""MkDocs hooks (mkdocs.yml ``hooks:``): render the Sphinx-style bits of the docstrings.
+"""MkDocs hooks (mkdocs.yml ``hooks:``): benchmark charts, and the Sphinx-style bits of the
+docstrings.
+
+A ``<!-- chart ... -->`` marker after a table of docs/benchmarks.md becomes an inline SVG
+bar chart of that table's figures (tools/bench_chart.py), so the chart can never disagree
+with the table.
 
 The docstrings are Google style, read by mkdocstrings, but keep two Sphinx habits that
 Markdown would print literally: roles (``:class:`~onceonly.InFlight```) and version
@@ -10,6 +15,8 @@ from __future__ import annotations
 
 import re
 from typing import Any
+
+import bench_chart  # tools/, beside this file: MkDocs puts a hook's folder on sys.path
 
 _ROLE = re.compile(r":(?:class|func|meth|attr|exc|mod|data|obj):<code>(~?)([\w.]+)(\(\))?</code>")
 _PARAGRAPH = re.compile(r"<p>(\.\. (?:versionadded|versionchanged|deprecated)::.*?)</p>", re.S)
@@ -30,6 +37,11 @@ def _directives(match: re.Match[str]) -> str:
         text = text.strip()
         notes.append(f"{_WORDS[kind]} version {version}" + (f": {text}" if text else "."))
     return '<p class="onceonly-version"><em>' + "<br>".join(notes) + "</em></p>"
+
+
+def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
+    """Draw the charts a page asks for, from its own tables, before Markdown runs."""
+    return bench_chart.expand(markdown, page.file.src_uri)
 
 
 def on_page_content(html: str, **kwargs: Any) -> str:
