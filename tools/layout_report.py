@@ -591,10 +591,11 @@ def private_access(modules: dict[str, Module], imports: list[Import]) -> Private
     )
 
 
-def _by_place(text: str) -> tuple[str, int]:
+def _by_place(text: str) -> tuple[str, int, str]:
+    """Sort ``file:line ...`` texts by file, then line number, then text."""
     place = text.split(" ", 1)[0]
     file, _, line = place.rpartition(":")
-    return file, int(line) if line.isdigit() else 0
+    return file, int(line) if line.isdigit() else 0, text
 
 
 def probes(modules: dict[str, Module]) -> tuple[list[str], list[str], int]:
