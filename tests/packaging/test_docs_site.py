@@ -30,7 +30,8 @@ def test_every_public_name_is_in_the_api_reference() -> None:
     missing = []
     for name in onceonly.__all__:
         module = getattr(onceonly, name).__module__
-        if f"onceonly.{name}" not in documented and module not in documented:
+        face = module.split("._", 1)[0]  # the package whose __init__ exports it
+        if not {f"onceonly.{name}", module, face} & documented:
             missing.append(name)
     assert not missing, f"add to docs/api/*.md: {missing}"
 
