@@ -78,6 +78,7 @@ _MOVED = {
     "onceonly.inbox_batch_async": "onceonly.inbox",
     "onceonly.leased": "onceonly.inbox",
     "onceonly.leased_async": "onceonly.inbox",
+    "onceonly.http.principals": "onceonly.http",
     "onceonly.open": "onceonly.stores",
     "onceonly.outbox_async": "onceonly.outbox",
     "onceonly.outcome": "onceonly.inbox",

@@ -25,13 +25,13 @@ from typing import Any
 from onceonly.errors import DeadLettered, InFlight, LeaseLost, PayloadMismatch, StoreUnavailable
 
 __all__ = [
-    "UNMATCHED_ROUTE",
     "Event",
     "EventHook",
     "EventKind",
     "HttpEvents",
     "Listener",
     "Observation",
+    "UNMATCHED_ROUTE",
     "http_label",
 ]
 

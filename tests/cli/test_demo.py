@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from onceonly.cli import main
-from onceonly.demo.report import SideResult, count_charges, render_table, verdict
+from onceonly.demo._report import SideResult, count_charges, render_table, verdict
 
 
 def run_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:

@@ -230,7 +230,11 @@ class MemoryConsumer(ConsumerLoop):
         queue: the queue to consume.
         dead_letter: the dead-letter queue (default ``"<queue>.dead"``).
         concurrency: handlers running at once.
-        max_deliveries, retry_delay, max_backoff, message_id, shutdown_timeout,
+        max_deliveries: as for the broker consumers.
+        retry_delay: as for the broker consumers.
+        max_backoff: as for the broker consumers.
+        message_id: as for the broker consumers.
+        shutdown_timeout: as for the broker consumers.
         dedup_window: as for the broker consumers.
         batch_size: deliveries processed together in one inbox transaction
             (``inbox.process_batch``: one commit, each settled by its own outcome);

@@ -60,8 +60,13 @@ class SqsConsumer(ConsumerLoop):
         visibility_timeout: seconds a received message stays invisible (extended
             while its handler runs).
         wait_time: the long-poll wait in seconds (0-20; bounds how long ``stop`` waits).
-        concurrency, max_deliveries, retry_delay, max_backoff, message_id,
-        shutdown_timeout, dedup_window: as for the other consumers.
+        concurrency: as for the other consumers.
+        max_deliveries: as for the other consumers.
+        retry_delay: as for the other consumers.
+        max_backoff: as for the other consumers.
+        message_id: as for the other consumers.
+        shutdown_timeout: as for the other consumers.
+        dedup_window: as for the other consumers.
         batch_size: deliveries processed together in one inbox transaction
             (``inbox.process_batch``: one commit, each settled by its own outcome);
             1 (the default) runs one at a time. Deliveries in flight are at least

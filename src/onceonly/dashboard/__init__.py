@@ -23,7 +23,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "onceonly.dashboard needs the dashboard extra: pip install 'onceonly[dashboard]'"
     ) from exc
 
-from onceonly.dashboard._app import Dashboard, build
+from onceonly.dashboard._app import Dashboard
+from onceonly.dashboard._app import build as _build
 from onceonly.types import AsyncStore
 
 __all__ = ["Dashboard", "app"]
@@ -64,7 +65,7 @@ def app(
 
     .. versionadded:: 0.3
     """
-    built: Dashboard = build(
+    built: Dashboard = _build(
         store, token=token, title=title, outbox=outbox, outbox_table=outbox_table,
         page_size=page_size, store_timeout=store_timeout,
     )  # fmt: skip

@@ -17,12 +17,12 @@ from onceonly._core.http import (
     StoredResponse,
 )
 from onceonly.http._common import HttpRequest, idempotency
-from onceonly.http.principals import remote_user, scope_user
+from onceonly.http._principals import remote_user, scope_user
 
 __all__ = [
-    "PROBLEM_TYPE_BASE",
     "HttpPolicy",
     "HttpRequest",
+    "PROBLEM_TYPE_BASE",
     "Problem",
     "Requirement",
     "RouteRule",

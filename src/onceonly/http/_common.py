@@ -97,8 +97,9 @@ def idempotency(
         rerun_unstored: a response that cannot be kept (a stream, over the size limit)
             gives the key back so a retry runs again, instead of completing the key
             (duplicates: 409 ``replay-unavailable``).
-        body_fields, ignore_fields: the JSON body fields that count in the fingerprint,
-            or those that do not (:class:`~onceonly.http.RouteRule`).
+        body_fields: the only JSON body fields that count in the fingerprint
+            (:class:`~onceonly.http.RouteRule`).
+        ignore_fields: JSON body fields that do not count in the fingerprint.
 
     Returns:
         A decorator returning the function itself, marked.

@@ -45,8 +45,9 @@ def idempotency_key(
         required: whether requests must carry the header.
         wait: seconds a duplicate waits for the request in progress before 409.
         header: the header name (match the middleware's ``HttpPolicy.header``).
-        body_fields, ignore_fields: the JSON body fields that count in the fingerprint,
-            or those that do not (:class:`~onceonly.http.RouteRule`).
+        body_fields: the only JSON body fields that count in the fingerprint
+            (:class:`~onceonly.http.RouteRule`).
+        ignore_fields: JSON body fields that do not count in the fingerprint.
 
     .. versionadded:: 0.2
     """

@@ -119,8 +119,13 @@ class IdempotencyMiddleware:
         principal: who sends a request, from an :class:`~onceonly.http.HttpRequest`
             (``raw`` is the environ); ``None`` when unknown (then 403, see
             :class:`~onceonly.http.HttpPolicy` ``anonymous``).
-        routes, default, policy, ttl, lease, max_attempts, final_write_budget: as for
-            the ASGI :class:`onceonly.http.asgi.IdempotencyMiddleware`.
+        routes: as for the ASGI :class:`onceonly.http.asgi.IdempotencyMiddleware`.
+        default: as for the ASGI :class:`onceonly.http.asgi.IdempotencyMiddleware`.
+        policy: as for the ASGI :class:`onceonly.http.asgi.IdempotencyMiddleware`.
+        ttl: as for the ASGI :class:`onceonly.http.asgi.IdempotencyMiddleware`.
+        lease: as for the ASGI :class:`onceonly.http.asgi.IdempotencyMiddleware`.
+        max_attempts: as for the ASGI :class:`onceonly.http.asgi.IdempotencyMiddleware`.
+        final_write_budget: as for the ASGI :class:`onceonly.http.asgi.IdempotencyMiddleware`.
         resolver: finds the route template and marked rule of a request (the Flask
             extension passes one); otherwise ``routes`` or the path is used.
         listeners: event listeners, as for the ASGI middleware.

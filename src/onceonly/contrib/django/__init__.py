@@ -25,4 +25,10 @@ Settings, all optional except ``PRINCIPAL``::
 ``None`` for anonymous visitors (``rest_framework_principal`` for DRF's authentication).
 
 Needs the ``django`` extra.
+
+The faces are the modules ``apps``, ``middleware``, ``views`` and ``principals``: Django
+loads them by the dotted paths above, so this package re-exports nothing (listing the app
+in ``INSTALLED_APPS`` imports no more than Django asks for).
 """
+
+__all__: list[str] = []

@@ -32,8 +32,9 @@ def idempotent_view(
         wait: seconds a duplicate waits for the request in progress before 409.
         atomic: the view's ORM writes, the claim and the stored response commit in one
             ``transaction.atomic()`` on the default database (PostgreSQL or SQLite).
-        body_fields, ignore_fields: the JSON body fields that count in the fingerprint,
-            or those that do not (:class:`~onceonly.http.RouteRule`).
+        body_fields: the only JSON body fields that count in the fingerprint
+            (:class:`~onceonly.http.RouteRule`).
+        ignore_fields: JSON body fields that do not count in the fingerprint.
 
     Returns:
         A decorator returning the view itself, marked (put it below ``@csrf_exempt``

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from onceonly.demo.workload import Message
+from onceonly.demo._workload import Message
 
 __all__ = ["Broker", "Lease"]
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import onceonly
-from onceonly.demo.database import Tables, Target, connect
+from onceonly.demo._database import Tables, Target, connect
 
 __all__ = ["Consumer", "NaiveConsumer", "OnceOnlyConsumer", "Retry", "open_consumer"]
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import TextIO
 
 import onceonly
-from onceonly.demo.broker import Broker
-from onceonly.demo.database import (
+from onceonly.demo._broker import Broker
+from onceonly.demo._database import (
     DemoError,
     Tables,
     Target,
@@ -38,10 +38,10 @@ from onceonly.demo.database import (
     read_charges,
     temporary_target,
 )
-from onceonly.demo.report import Progress, SideResult, count_charges, render_table, verdict
-from onceonly.demo.supervisor import run_side
-from onceonly.demo.worker import WorkerSpec
-from onceonly.demo.workload import make_workload
+from onceonly.demo._report import Progress, SideResult, count_charges, render_table, verdict
+from onceonly.demo._supervisor import run_side
+from onceonly.demo._worker import WorkerSpec
+from onceonly.demo._workload import make_workload
 
 __all__ = ["DemoOptions", "add_arguments", "options_from_args", "run_demo"]
 

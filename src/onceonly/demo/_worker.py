@@ -13,9 +13,9 @@ import signal
 import time
 from dataclasses import dataclass
 
-from onceonly.demo.broker import Broker
-from onceonly.demo.consumers import Retry, open_consumer
-from onceonly.demo.database import Tables, Target
+from onceonly.demo._broker import Broker
+from onceonly.demo._consumers import Retry, open_consumer
+from onceonly.demo._database import Tables, Target
 
 __all__ = ["WorkerSpec", "worker_main"]
 

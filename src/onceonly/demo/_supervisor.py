@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 
-from onceonly.demo.broker import Broker
-from onceonly.demo.database import DemoError
-from onceonly.demo.worker import WorkerSpec, worker_main
+from onceonly.demo._broker import Broker
+from onceonly.demo._database import DemoError
+from onceonly.demo._worker import WorkerSpec, worker_main
 
 __all__ = ["SideRun", "run_side"]
 
@@ -66,7 +66,7 @@ def _process_factory() -> Callable[..., BaseProcess]:
     """
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["onceonly.demo.worker"])
+        ctx.set_forkserver_preload(["onceonly.demo._worker"])
         factory: Callable[..., BaseProcess] = ctx.Process
     else:
         factory = multiprocessing.get_context("spawn").Process
