@@ -19,12 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [
     "src/onceonly/inbox/_tx_async.py",
-    "src/onceonly/inbox/_batch_async.py",
     "src/onceonly/inbox/_events_async.py",
-    "src/onceonly/inbox/_failures_async.py",
+    "src/onceonly/inbox/_claim_async.py",
+    "src/onceonly/inbox/_leased_async.py",
     "src/onceonly/inbox/_leased_inbox_async.py",
     "src/onceonly/inbox/_atomic_async.py",
-    "src/onceonly/inbox/_leased_async.py",
     "src/onceonly/http/_flow_async.py",
     "src/onceonly/stores/postgres/_session_async.py",
     "src/onceonly/stores/postgres/_transaction_async.py",

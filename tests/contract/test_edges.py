@@ -217,6 +217,34 @@ def test_atomic_takeover_loses_to_a_completion_committed_after_its_read(
     assert outcome.replayed and outcome.result == "A"
 
 
+def test_atomic_dead_write_loses_to_a_completion_committed_after_its_read(
+    unlocked_factory: StoreFactory,
+) -> None:
+    """The inbox's dead write of a lapsed claim (its last attempt) is fenced and checked:
+    when the holder completes between the read and the write, the delivery reads the key
+    again and replays the completion instead of reporting it dead."""
+    store = unlocked_factory()
+    store.migrate()
+    effects: list[str] = []
+    leased = LeasedRunner(
+        _FrozenRenewals(store), scope="billing", policy=Policy(LEASE, 1), ttl=None, wait=0.2
+    )
+    a = StalledHolder(store, leased, effects)
+    a.start_and_lapse()
+    inbox = onceonly.Inbox(
+        Hooked(store, on="update", hook=a.complete_now), consumer="billing", max_attempts=1
+    )
+
+    def handler(msg: Any, tx: Any) -> str:
+        effects.append("B")
+        return "B"
+
+    outcome = inbox.process("k", {"n": 1}, handler)
+    assert effects == ["A"]
+    assert outcome.replayed and outcome.result == "A"
+    assert read(store, "billing", "k").state is State.COMPLETED
+
+
 # -- 2. a takeover never steals a lease renewed after its read
 
 

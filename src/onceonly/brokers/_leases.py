@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 
 from onceonly.brokers._transport import Incoming
 from onceonly.inbox import AsyncClaim, AsyncInbox
-from onceonly.inbox._leased_inbox_async import renew_lease
 
 __all__ = ["Leases"]
 
@@ -46,9 +45,7 @@ class Leases:
         """``ds`` less the deliveries whose claim was taken over, each held lease renewed
         now. A renewal that fails on a store error keeps its delivery (not known lost)."""
         leased = [(d, c) for d in ds if (c := self._claims.get(id(d))) is not None]
-        held = await asyncio.gather(
-            *(renew_lease(self.inbox, c) for _, c in leased), return_exceptions=True
-        )
+        held = await asyncio.gather(*(c.renew() for _, c in leased), return_exceptions=True)
         lost: set[int] = set()
         for (d, _), ok in zip(leased, held, strict=True):
             if ok is False:

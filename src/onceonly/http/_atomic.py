@@ -41,7 +41,15 @@ from onceonly.events import Listener
 from onceonly.http._common import Settings, log, problem_for
 from onceonly.inbox import AsyncInbox, AsyncTx, Inbox, Tx
 
-__all__ = ["refused", "run_asgi", "run_wsgi"]
+__all__ = [
+    "NotStored",
+    "Redirected",
+    "check_stored",
+    "inbox_options",
+    "refused",
+    "run_asgi",
+    "run_wsgi",
+]
 
 TX_KEY = "onceonly.tx"
 SAVEPOINT = "onceonly_handler"
@@ -50,7 +58,7 @@ LOCK_WAIT = 10.0
 _CLAIM_ERRORS = (PayloadMismatch, InFlight, DeadLettered, StoreUnavailable)
 
 
-class _NotStored(Exception):
+class NotStored(Exception):
     """Raised inside the inbox handler to roll the transaction back."""
 
     def __init__(self, reason: str) -> None:
@@ -58,7 +66,7 @@ class _NotStored(Exception):
         self.reason = reason
 
 
-class _Redirected(BaseException):
+class Redirected(BaseException):
     """Raised inside the inbox handler for a 307/308: not an ``Exception``, so the inbox
     rolls the run back, its claim with it, and records no failed attempt (the key stays
     free for the redirected request)."""
@@ -68,7 +76,7 @@ class _Redirected(BaseException):
         self.reason = reason
 
 
-def _options(
+def inbox_options(
     store: object,
     step: core.Proceed,
     settings: Settings,
@@ -109,15 +117,17 @@ def _lock_timeout(exc: InFlight) -> StoreUnavailable:
     )
 
 
-def _check(status: int, headers: list[tuple[str, str]], size: int, policy: core.HttpPolicy) -> None:
-    """Raise :class:`_NotStored` unless this response is stored."""
+def check_stored(
+    status: int, headers: list[tuple[str, str]], size: int, policy: core.HttpPolicy
+) -> None:
+    """Raise :class:`NotStored` unless this response is stored."""
     ok, reason = core.should_store(status, {n.lower(): v for n, v in headers}, policy)
     if ok and size > policy.max_response_bytes:
         ok, reason = False, f"!the response is over the {policy.max_response_bytes} byte limit"
     if not ok and reason is not None and reason.startswith(core.REDIRECTED):
-        raise _Redirected(reason[1:])
+        raise Redirected(reason[1:])
     if not ok:
-        raise _NotStored(reason or "not stored")
+        raise NotStored(reason or "not stored")
 
 
 class _Response:
@@ -133,7 +143,7 @@ class _Response:
         return b"".join(self.chunks)
 
     def doc(self, policy: core.HttpPolicy) -> dict[str, object]:
-        _check(self.status, self.headers, len(self.body), policy)
+        check_stored(self.status, self.headers, len(self.body), policy)
         kept = core.kept_headers(self.headers, policy)
         return core.response_doc(core.StoredResponse(self.status, kept, self.body))
 
@@ -148,7 +158,7 @@ def _answer(
 
 
 def _not_stored(
-    exc: _NotStored | _Redirected, step: core.Proceed, response: _Response
+    exc: NotStored | Redirected, step: core.Proceed, response: _Response
 ) -> tuple[int, list[tuple[str, str]], bytes]:
     if not exc.reason.startswith("!"):
         return response.status, response.headers, response.body
@@ -175,7 +185,7 @@ async def run_asgi(
     listeners: Iterable[Listener] = (),
 ) -> None:
     """Run the ASGI ``app`` in atomic mode and send the answer (see the module doc)."""
-    options = _options(store, step, settings, rule, fp, listeners)
+    options = inbox_options(store, step, settings, rule, fp, listeners)
     response = _Response()
     last = asyncio.Event()  # the app sent its last body chunk
     answered = asyncio.Event()  # the transaction ended and the answer was sent
@@ -224,7 +234,7 @@ async def run_asgi(
                     got = await slower.process(step.key, None, handler)
                 except InFlight as again:
                     raise _lock_timeout(again) if again.key is None else again from None
-        except (_NotStored, _Redirected) as exc:
+        except (NotStored, Redirected) as exc:
             answer = _not_stored(exc, step, response)
         except _CLAIM_ERRORS as exc:
             problem = problem_for(exc, settings.policy.header)
@@ -248,7 +258,7 @@ def run_wsgi(
     environ: dict[str, Any], listeners: Iterable[Listener] = (),
 ) -> tuple[int, list[tuple[str, str]], bytes]:  # fmt: skip
     """Run the WSGI ``app`` in atomic mode; the answer to return."""
-    options = _options(store, step, settings, rule, fp, listeners)
+    options = inbox_options(store, step, settings, rule, fp, listeners)
     response = _Response()
     body = environ["wsgi.input"].read()
 
@@ -282,7 +292,7 @@ def run_wsgi(
                 got = Inbox(store, **_lock_inbox(options, exc)).process(step.key, None, handler)
             except InFlight as again:
                 raise _lock_timeout(again) if again.key is None else again from None
-    except (_NotStored, _Redirected) as exc:
+    except (NotStored, Redirected) as exc:
         return _not_stored(exc, step, response)
     except _CLAIM_ERRORS as exc:
         problem = problem_for(exc, settings.policy.header)

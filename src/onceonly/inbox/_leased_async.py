@@ -36,53 +36,43 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from onceonly import _runtime
 from onceonly._core import codec, error_text
-from onceonly._core.backoff import backoff_delay
+from onceonly._core.backoff import outage_delay
 from onceonly._core.keys import validate_key
 from onceonly._core.state import (
-    Action,
-    Decision,
     Expect,
     Policy,
     Record,
     State,
     Write,
     cached_error_write,
-    claim_write,
     complete_write,
-    decide,
 )
 from onceonly._runtime import new_token, random_fraction
 from onceonly.errors import (
-    DeadLettered,
     EncodingError,
-    InFlight,
     LeaseLost,
     OutcomeNotRecorded,
-    PayloadMismatch,
     StoreUnavailable,
     TooLarge,
 )
 from onceonly.events import Event, EventHook, EventKind, Listener, Observation
+from onceonly.inbox._claim_async import Taken, claim_key
 from onceonly.inbox._outcome import (
     Outcome,
     Replay,
     failure_write,
     replayed_result,
 )
-from onceonly.types import AsyncStore
+from onceonly.types import AsyncSession, AsyncStore
 
 __all__ = ["AsyncClaim", "AsyncLeasedRunner", "Replay", "current_async_claim"]
 
 log = logging.getLogger("onceonly.lease")
 
-# The final write of a run (its result or its failure) is fenced, so it is safe to retry
-# while the claim may still be ours: backing off up to the cap between tries.
-_FINAL_WRITE_BACKOFF = 0.05
-_FINAL_WRITE_BACKOFF_CAP = 1.0
 # Claims whose reply was lost, remembered per runner for the key's next call (bounded).
 _UNCONFIRMED_MAX = 1024
 # the least time a final write gets, even when the lease we know of has already run out
@@ -92,6 +82,31 @@ _FINAL_WRITE_FLOOR = 1.0
 _current: contextvars.ContextVar[AsyncClaim | None] = contextvars.ContextVar(
     "onceonly_current_async_claim", default=None
 )
+
+V = TypeVar("V")
+
+
+class _Notes(Generic[V]):
+    """What a runner remembers per key for the key's next call, at most
+    ``_UNCONFIRMED_MAX`` keys (the oldest note goes first)."""
+
+    def __init__(self) -> None:
+        self._notes: collections.OrderedDict[str, V] = collections.OrderedDict()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._notes
+
+    def get(self, key: str) -> V | None:
+        return self._notes.get(key)
+
+    def pop(self, key: str) -> V | None:
+        return self._notes.pop(key, None)
+
+    def note(self, key: str, value: V) -> None:
+        if len(self._notes) >= _UNCONFIRMED_MAX:
+            with contextlib.suppress(KeyError):  # another thread emptied it meanwhile
+                self._notes.popitem(last=False)
+        self._notes[key] = value
 
 
 def current_async_claim() -> AsyncClaim:
@@ -145,6 +160,9 @@ class AsyncClaim:
     ended: bool = field(default=False, compare=False)
     # monotonic time by which the lease we last renewed runs out (at the latest)
     lease_end: float = field(default=0.0, repr=False, compare=False)
+    # told the key and the final write of a run whose outcome could not be stored (its
+    # runner tries that write again at the key's next claim)
+    unrecorded: Callable[[str, Write], None] | None = field(default=None, repr=False, compare=False)
     _heartbeat: _runtime.AsyncHeartbeat | None = field(default=None, repr=False, compare=False)
 
     async def checkpoint(self, step: str, data: Any = None) -> None:
@@ -254,7 +272,8 @@ class AsyncClaim:
         """End the run as failed by ``exc`` (a counted attempt; ``dead`` at the limit).
 
         An exception in ``cache_errors`` completes the key with it instead; a
-        ``StoreUnavailable`` is not counted; a ``BaseException`` that is not an
+        ``StoreUnavailable`` or one in the runner's ``uncounted_errors`` gives the key
+        back without counting an attempt; a ``BaseException`` that is not an
         ``Exception`` (cancelled, interrupted) stores nothing and leaves the lease to
         lapse, so the key is reclaimed.
 
@@ -283,8 +302,10 @@ class AsyncClaim:
             max_attempts=runner.policy.max_attempts,
             max_bytes=runner.max_result_bytes,
         )
-        if isinstance(exc, StoreUnavailable) and write.state is not State.COMPLETED:
-            # a store outage is not the message's fault: release without counting it
+        uncounted = isinstance(exc, (StoreUnavailable, *runner.uncounted_errors))
+        if uncounted and write.state is not State.COMPLETED:
+            # a store outage (or what the owner says is no failure) is not the message's
+            # fault: release without counting it
             write = dataclasses.replace(write, state=State.FAILED, attempts=self.record.attempts)
         return await self._end_quietly(write, "failure")
 
@@ -335,10 +356,22 @@ class AsyncClaim:
         else:
             await self.release("the holder ended the claim without an outcome")
 
-    def _start(self, started: float) -> None:
-        """Start the heartbeat (the claim committed at or after ``started``)."""
+    def start_heartbeat(self, since: float) -> None:
+        """Renew the lease in the background, every third of it, until the claim ends.
+
+        :meth:`AsyncLeasedRunner.acquire` does this; a claim from
+        :meth:`AsyncLeasedRunner.claim` has no heartbeat until it is called.
+
+        Args:
+            since: a ``time.monotonic()`` reading taken before the claim was asked for
+                (its lease is counted from there).
+
+        .. versionadded:: 0.5
+        """
         runner = self._runner()
-        self.lease_end = started + runner.policy.lease_seconds
+        if self.ended or self._heartbeat is not None:
+            return
+        self.lease_end = since + runner.policy.lease_seconds
         self._heartbeat = _runtime.AsyncHeartbeat(runner.policy.lease_seconds / 3, self.renew)
         self._heartbeat.start()
 
@@ -367,13 +400,13 @@ class AsyncClaim:
         if self.ended:
             raise RuntimeError(f"the claim on {self.scope}/{self.key} was already ended")
         self.ended = True
-        runner = self._runner()
         try:
-            done = await runner._final_write(self, write)
+            done = await self._final_write(write)
         except StoreUnavailable as exc:
             # Nobody may take the key over before this process calls it again: that call
             # first tries this fenced write once more (see AsyncLeasedRunner.claim).
-            runner._remember_unrecorded(self.key, write)
+            if self.unrecorded is not None:
+                self.unrecorded(self.key, write)
             raise OutcomeNotRecorded(
                 "the function ran but its outcome could not be stored (the store stayed "
                 "unavailable); do not retry blindly: the effect happened",
@@ -393,6 +426,70 @@ class AsyncClaim:
             )
         return done
 
+    async def _final_write(self, write: Write) -> Record | None:
+        """Store the end of this run (fenced on the token), retrying store outages.
+
+        The write is conditional on the claim still being ours, so repeating it cannot
+        overwrite anyone. A retry after a write whose answer was lost finds the record
+        already in its final state under our token, and counts that as done. Tries go on
+        until the lease we last renewed runs out (the heartbeat renews it meanwhile) or
+        the runner's ``final_write_budget`` is spent, each try bounded by the time left.
+
+        Returns:
+            The stored record, or ``None`` when the claim was taken over.
+
+        Raises:
+            StoreUnavailable: the store stayed unreachable for the whole time.
+        """
+        expect = Expect.holder(self.token)
+        now = _runtime.monotonic()
+        budget = self._runner().final_write_budget
+        deadline = max(self.lease_end, now + _FINAL_WRITE_FLOOR)
+        if budget is not None:
+            deadline = now + budget
+        attempt = 0
+        while True:
+            attempt += 1
+
+            async def once(retry: bool = attempt > 1) -> Record | None:
+                async with self.store.session() as session:
+                    done = await session.update(self.scope, self.key, expect, write)
+                    if done is None and retry:
+                        snap = await session.get(self.scope, self.key)
+                        current = snap.record
+                        if (
+                            current is not None
+                            and current.token == write.token
+                            and current.state is write.state
+                        ):
+                            done = current
+                    return done
+
+            left = deadline - _runtime.monotonic()
+            try:
+                return await _runtime.within_async(once, left if budget is not None else None)
+            except (StoreUnavailable, TimeoutError) as exc:
+                if budget is None:
+                    # bounded by the lease, which the heartbeat may have extended
+                    deadline = max(deadline, self.lease_end)
+                pause = outage_delay(attempt, random_fraction())
+                left = deadline - _runtime.monotonic()
+                if self.lost or left <= pause:
+                    if isinstance(exc, StoreUnavailable):
+                        raise
+                    raise StoreUnavailable(
+                        f"storing the outcome took longer than its {budget} s budget",
+                        key=self.key,
+                        scope=self.scope,
+                    ) from exc
+                log.warning(
+                    "%s/%s: storing the outcome failed (store unavailable); retry %d",
+                    self.scope,
+                    self.key,
+                    attempt,
+                )
+                await _runtime.asleep(pause)
+
 
 class AsyncLeasedRunner:
     """Takes and runs leased claims on one scope (``@idempotent``, leased inboxes, HTTP).
@@ -407,6 +504,10 @@ class AsyncLeasedRunner:
         lease: seconds a claim is held without renewal (renewed every third of it).
         max_attempts: failed runs of one key before it is dead.
         cache_errors: exceptions stored as the outcome (replayed) instead of failing.
+        uncounted_errors: exceptions that are no failure of the run: its claim is given
+            back without counting an attempt (as for ``StoreUnavailable``), and the
+            exception propagates (Celery's ``Retry``: the task's own ``max_retries``
+            bounds those runs).
         max_result_bytes: the bound on an encoded result.
         result_type: what replayed results are rebuilt as.
         keep_payload: keep the payload with failed records (for a redrive).
@@ -416,6 +517,7 @@ class AsyncLeasedRunner:
             may still be ours.
 
     .. versionadded:: 0.4
+    .. versionchanged:: 0.5 ``uncounted_errors``.
     """
 
     def __init__(
@@ -429,6 +531,7 @@ class AsyncLeasedRunner:
         lease: float = 30.0,
         max_attempts: int = 5,
         cache_errors: tuple[type[BaseException], ...] = (),
+        uncounted_errors: tuple[type[BaseException], ...] = (),
         max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
         result_type: Any = None,
         keep_payload: bool = True,
@@ -442,13 +545,14 @@ class AsyncLeasedRunner:
         self.ttl = ttl
         self.wait = wait
         self.cache_errors = cache_errors
+        self.uncounted_errors = tuple(uncounted_errors)
         self.max_result_bytes = codec.checked_max_bytes(max_result_bytes)
         self.result_type = result_type
         self.keep_payload = keep_payload
         # key -> token of a claim whose reply was lost in a call that then gave up
-        self._unconfirmed: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._unconfirmed: _Notes[int] = _Notes()
         # key -> the fenced final write of a run whose outcome could not be stored
-        self._unrecorded: collections.OrderedDict[str, Write] = collections.OrderedDict()
+        self._unrecorded: _Notes[Write] = _Notes()
         self.final_write_budget = final_write_budget
 
     async def acquire(self, key: str, fp: str | None) -> AsyncClaim | Replay:
@@ -471,15 +575,16 @@ class AsyncLeasedRunner:
         started = _runtime.monotonic()
         got = await self.claim(key, fp)
         if isinstance(got, AsyncClaim):
-            got._start(started)
+            got.start_heartbeat(started)
         return got
 
     async def claim(self, key: str, fp: str | None) -> AsyncClaim | Replay:
         """Take the claim of ``key`` (waiting up to ``wait`` for a live one), or a replay.
 
-        The whole call claims under one token, drawn before the first request. When the
-        store fails mid-claim (:class:`StoreUnavailable`), the claim may have committed
-        with only its reply lost: it is asked again under the same token, so a record
+        The whole call claims under one token, drawn before the first request, through
+        the claim loop every surface shares (``onceonly.inbox._claim``). When the store
+        fails mid-claim (:class:`StoreUnavailable`), the claim may have committed with
+        only its reply lost: it is asked again under the same token, so a record
         ``in_progress`` under it is recognised as this call's own claim and taken back
         uncounted (spec §2.3.1). Those retries last up to ``wait`` (at least one, at most
         the lease); if the store is still away, the token is kept for this runner's next
@@ -493,6 +598,9 @@ class AsyncLeasedRunner:
 
         Raises:
             InvalidKey: ``key`` is not a valid key (nothing stored).
+            PayloadMismatch: the key was used with another payload.
+            DeadLettered: the key failed ``max_attempts`` times.
+            InFlight: another worker held a live claim for longer than ``wait``.
             StoreUnavailable: the store stayed unreachable (no attempt was counted).
             OutcomeNotRecorded: an earlier run's noted outcome still cannot be stored
                 (the store is still away; the note is kept).
@@ -502,59 +610,41 @@ class AsyncLeasedRunner:
             replay = await self._store_unrecorded(key)
             if replay is not None:
                 return replay
-        start = _runtime.monotonic()
-        deadline = start + self.wait
-        outage_deadline = start + min(self.wait, self.policy.lease_seconds)
-        noted = self._unconfirmed.pop(key, None)
+        noted = self._unconfirmed.pop(key)
         token = noted or new_token()
-        delay = 0.01
-        outages = 0
-        while True:
-            try:
-                got = await self._claim_once(key, fp, token, noted is not None or outages > 0)
-            except StoreUnavailable:
-                outages += 1
-                if outages > 1 and _runtime.monotonic() >= outage_deadline:
-                    self._remember_unconfirmed(key, token)
-                    raise
-                log.warning(
-                    "%s/%s: the claim failed (store unavailable); asking again under the "
-                    "same token",
-                    self.scope,
-                    key,
-                )
-                await _runtime.asleep(
-                    backoff_delay(
-                        outages,
-                        base=_FINAL_WRITE_BACKOFF,
-                        cap=_FINAL_WRITE_BACKOFF_CAP,
-                        jitter=random_fraction(),
-                    )
-                    if outages > 1
-                    else 0
-                )
-                continue
-            if not isinstance(got, Decision):
-                return got
-            if got.action is Action.RUN:
-                continue  # someone else changed the row first: read it again
-            remaining = deadline - _runtime.monotonic()
-            if remaining <= 0:
-                raise InFlight(
-                    "another worker holds a live claim on this key",
-                    key=key,
-                    scope=self.scope,
-                    retry_after=got.retry_after,
-                )
-            await _runtime.asleep(min(delay, remaining, got.retry_after or delay))
-            delay = min(delay * 2, 0.5)
+        lease = self.policy.lease_seconds
 
-    def _remember_unrecorded(self, key: str, write: Write) -> None:
-        """Keep the final ``write`` of a run of ``key`` whose outcome is not stored."""
-        if len(self._unrecorded) >= _UNCONFIRMED_MAX:
-            with contextlib.suppress(KeyError):  # another thread emptied it meanwhile
-                self._unrecorded.popitem(last=False)
-        self._unrecorded[key] = write
+        async def hold(session: AsyncSession, taken: Taken) -> AsyncClaim:
+            return AsyncClaim(
+                self.store,
+                self.scope,
+                key,
+                token,
+                taken.attempt,
+                taken.record,
+                _load_checkpoints(taken.record.checkpoint),
+                lease_seconds=lease,
+                runner=self,
+                unrecorded=self._unrecorded.note,
+            )
+
+        try:
+            return await claim_key(
+                self.store.session,
+                hold,
+                scope=self.scope,
+                key=key,
+                fingerprint=fp,
+                token=token,
+                policy=self.policy,
+                wait=self.wait,
+                recovering=noted is not None,
+                outage_wait=min(self.wait, lease),
+            )
+        except StoreUnavailable:
+            # the claim may have committed: the key's next call takes it back uncounted
+            self._unconfirmed.note(key, token)
+            raise
 
     async def _store_unrecorded(self, key: str) -> Replay | None:
         """Try the noted final write of ``key`` once more, fenced on its token.
@@ -588,8 +678,7 @@ class AsyncLeasedRunner:
                 key=key,
                 scope=self.scope,
             ) from exc
-        with contextlib.suppress(KeyError):
-            del self._unrecorded[key]
+        self._unrecorded.pop(key)
         if done is None:
             log.warning(
                 "%s/%s: the unrecorded outcome of an earlier run lost its claim to "
@@ -601,82 +690,6 @@ class AsyncLeasedRunner:
         log.warning("%s/%s: the outcome of an earlier run is now stored", self.scope, key)
         return Replay(done) if done.state is State.COMPLETED else None
 
-    def _remember_unconfirmed(self, key: str, token: int) -> None:
-        """Keep ``token`` for the next call of ``key``: its claim may have committed."""
-        if len(self._unconfirmed) >= _UNCONFIRMED_MAX:
-            with contextlib.suppress(KeyError):  # another thread emptied it meanwhile
-                self._unconfirmed.popitem(last=False)
-        self._unconfirmed[key] = token
-
-    async def _claim_once(
-        self, key: str, fp: str | None, token: int, recovering: bool
-    ) -> AsyncClaim | Replay | Decision:
-        """One read-decide-write round of :meth:`claim` under ``token``.
-
-        ``recovering``: a claim under ``token`` may have committed already (its reply was
-        lost). A store may then report the record under our token as just inserted, so
-        the record goes through :func:`decide` instead, which takes it back with a fresh
-        lease and its attempts as stored (one more round trip, on this path only).
-
-        Returns:
-            The claim or a replay; else the decision to go round again on: ``RUN`` when
-            the row changed before our write, ``IN_FLIGHT`` when another worker holds it.
-        """
-        scope = self.scope
-        async with self.store.session() as session:
-            snap = await session.claim(scope, key, claim_write(fp, token, self.policy))
-            if snap.inserted and not recovering:
-                assert snap.record is not None
-                return AsyncClaim(
-                    self.store,
-                    scope,
-                    key,
-                    token,
-                    1,
-                    snap.record,
-                    lease_seconds=self.policy.lease_seconds,
-                    runner=self,
-                )
-            decision = decide(snap.record, snap.now, fp, self.policy, token)
-            record = decision.record
-            assert record is not None
-            if decision.action is Action.REPLAY:
-                return Replay(record, snap.now)
-            if decision.action is Action.MISMATCH:
-                raise PayloadMismatch(
-                    "this key was already used with other arguments", key=key, scope=scope
-                )
-            if decision.action is Action.DEAD:
-                if decision.write is not None:
-                    assert decision.expect is not None
-                    if await session.update(scope, key, decision.expect, decision.write) is None:
-                        return Decision(Action.RUN, record)  # changed since read: again
-                n = decision.write.attempts if decision.write else record.attempts
-                raise DeadLettered(
-                    f"this key failed {n} times and is dead-lettered: {record.error}",
-                    key=key,
-                    scope=scope,
-                    attempts=n,
-                    error=record.error,
-                )
-            if decision.action is Action.RUN:
-                assert decision.write is not None and decision.expect is not None
-                taken = await session.update(scope, key, decision.expect, decision.write)
-                if taken is None:
-                    return decision
-                return AsyncClaim(
-                    self.store,
-                    scope,
-                    key,
-                    token,
-                    decision.attempt,
-                    taken,
-                    _load_checkpoints(taken.checkpoint),
-                    lease_seconds=self.policy.lease_seconds,
-                    runner=self,
-                )
-            return decision
-
     def replay(self, record: Record) -> Any:
         """The stored result of ``record``, or raise its cached error."""
         return replayed_result(record, self.cache_errors, self.result_type)
@@ -684,9 +697,10 @@ class AsyncLeasedRunner:
     async def run(
         self, key: str, fp: str | None, fn: Callable[[], Awaitable[Any]], payload: Any = None
     ) -> tuple[Any, bool, int]:
-        """Run ``fn`` once for ``key``: returns (result, replayed, attempt)."""
+        """Run ``fn`` once for ``key``: returns (result, replayed, attempt), with the
+        call's events emitted (see :meth:`process`)."""
         if not self.events:
-            done = await self._run(key, fp, fn, payload)
+            done = await self.process(key, fp, fn, payload)
             return done.result, done.replayed, done.attempt
         seen = Observation(self.events, self.scope, key)
 
@@ -699,101 +713,55 @@ class AsyncLeasedRunner:
                 seen.handler_ended()
 
         try:
-            done = await self._run(key, fp, timed, payload)
+            done = await self.process(key, fp, timed, payload)
         except BaseException as exc:
             seen.raised(exc)
             raise
         seen.returned(done.replayed, done.attempt, done.lateness, done.ttl)
         return done.result, done.replayed, done.attempt
 
-    async def _run(
-        self, key: str, fp: str | None, fn: Callable[[], Awaitable[Any]], payload: Any
+    async def process(
+        self, key: str, fp: str | None, fn: Callable[[], Awaitable[Any]], payload: Any = None
     ) -> Outcome[Any]:
+        """Run ``fn`` once for ``key`` under a held claim, or replay its stored result.
+
+        The claim is :func:`current_async_claim` while ``fn`` runs. Only the lease's
+        events are emitted here (renewals); :meth:`run` emits the call's, and a leased
+        inbox its own (with the delivery's headers).
+
+        Args:
+            key: the idempotency key.
+            fp: the fingerprint of the payload (``None``: not checked).
+            fn: the work; its result is stored and replayed to duplicates.
+            payload: kept with a failed record for a redrive.
+
+        Returns:
+            An :class:`~onceonly.Outcome` (``lateness`` and ``ttl`` on a replay).
+
+        Raises:
+            InvalidKey, PayloadMismatch, InFlight, DeadLettered, StoreUnavailable: as
+                :meth:`claim` (nothing ran).
+            LeaseLost, OutcomeNotRecorded: as :meth:`AsyncClaim.finish`.
+            Exception: whatever ``fn`` raised (after its failure was recorded).
+
+        .. versionadded:: 0.5
+        """
         got = await self.acquire(key, fp)
         if isinstance(got, Replay):
             lateness, ttl = got.lateness()
             result = self.replay(got.record)
             return Outcome(result, True, key, got.record.attempts + 1, None, lateness, ttl)
-        claim = got
-        reset = _current.set(claim)
+        held = got
+        reset = _current.set(held)
         try:
             result = await fn()
         except BaseException as exc:
             _current.reset(reset)
-            await claim.fail(exc, payload)
+            await held.fail(exc, payload)
             raise
         _current.reset(reset)
-        await claim.finish(result)
-        return Outcome(result, False, key, claim.attempt)
-
-    async def _final_write(self, claim: AsyncClaim, write: Write) -> Record | None:
-        """Store the end of ``claim``'s run (fenced on its token), retrying store outages.
-
-        The write is conditional on the claim still being ours, so repeating it cannot
-        overwrite anyone. A retry after a write whose answer was lost finds the record
-        already in its final state under our token, and counts that as done. Tries go on
-        until the lease we last renewed runs out (the heartbeat renews it meanwhile) or
-        ``final_write_budget`` is spent, each try bounded by the time left.
-
-        Returns:
-            The stored record, or ``None`` when the claim was taken over.
-
-        Raises:
-            StoreUnavailable: the store stayed unreachable for the whole time.
-        """
-        expect = Expect.holder(claim.token)
-        now = _runtime.monotonic()
-        budget = self.final_write_budget
-        deadline = max(claim.lease_end, now + _FINAL_WRITE_FLOOR)
-        if budget is not None:
-            deadline = now + budget
-        attempt = 0
-        while True:
-            attempt += 1
-
-            async def once(retry: bool = attempt > 1) -> Record | None:
-                async with self.store.session() as session:
-                    done = await session.update(self.scope, claim.key, expect, write)
-                    if done is None and retry:
-                        snap = await session.get(self.scope, claim.key)
-                        current = snap.record
-                        if (
-                            current is not None
-                            and current.token == write.token
-                            and current.state is write.state
-                        ):
-                            done = current
-                    return done
-
-            left = deadline - _runtime.monotonic()
-            try:
-                return await _runtime.within_async(once, left if budget is not None else None)
-            except (StoreUnavailable, TimeoutError) as exc:
-                if budget is None:
-                    # bounded by the lease, which the heartbeat may have extended
-                    deadline = max(deadline, claim.lease_end)
-                pause = backoff_delay(
-                    attempt,
-                    base=_FINAL_WRITE_BACKOFF,
-                    cap=_FINAL_WRITE_BACKOFF_CAP,
-                    jitter=random_fraction(),
-                )
-                left = deadline - _runtime.monotonic()
-                if claim.lost or left <= pause:
-                    if isinstance(exc, StoreUnavailable):
-                        raise
-                    raise StoreUnavailable(
-                        f"storing the outcome took longer than its {budget} s budget",
-                        key=claim.key,
-                        scope=self.scope,
-                    ) from exc
-                log.warning(
-                    "%s/%s: storing the outcome failed (store unavailable); retry %d",
-                    self.scope,
-                    claim.key,
-                    attempt,
-                )
-                await _runtime.asleep(pause)
+        await held.finish(result)
+        return Outcome(result, False, key, held.attempt)
 
 
 def _load_checkpoints(text: str | None) -> dict[str, Any]:

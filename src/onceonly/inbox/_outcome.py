@@ -4,6 +4,7 @@ failures (one place, so the inbox and leased mode cannot drift apart)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -11,6 +12,7 @@ from onceonly._core import codec, error_text
 from onceonly._core.lateness import replay_lateness
 from onceonly._core.state import Record, Write, cached_error_write, fail_write, one_step_init
 from onceonly.errors import (
+    ConfigurationError,
     CorruptRecord,
     EncodingError,
     OnceOnlyError,
@@ -158,3 +160,23 @@ class BatchItem:
     key: str
     payload: Any
     delivery: Delivery | None = None
+
+
+def batch_items(items: Iterable[BatchItem | Sequence[Any]]) -> list[BatchItem]:
+    """The deliveries of a batch as :class:`BatchItem` (tuples accepted).
+
+    Raises:
+        ConfigurationError: an item is not a ``BatchItem`` or a 2- or 3-tuple.
+    """
+    out = []
+    for n, item in enumerate(items):
+        if isinstance(item, BatchItem):
+            out.append(item)
+        elif isinstance(item, (tuple, list)) and len(item) in (2, 3):
+            out.append(BatchItem(*item))
+        else:
+            raise ConfigurationError(
+                f"batch item {n} must be a BatchItem or a (key, payload[, delivery]) tuple,"
+                f" not {type(item).__name__}"
+            )
+    return out

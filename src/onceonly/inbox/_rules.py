@@ -10,6 +10,7 @@ from onceonly.errors import (
     ConfigurationError,
     CorruptRecord,
     DeadLettered,
+    PayloadMismatch,
     StoreError,
     StoreUnavailable,
     TransactionAborted,
@@ -25,6 +26,7 @@ __all__ = [
     "dead_error",
     "ended",
     "is_own_mark",
+    "mismatch_error",
 ]
 
 
@@ -99,6 +101,7 @@ def is_own_mark(record: Record | None, own: int) -> bool:
 
 
 def dead_error(record: Record, attempts: int | None) -> DeadLettered:
+    """The error of a dead key (``attempts``: as stored now, else the record's)."""
     n = attempts if attempts is not None else record.attempts
     return DeadLettered(
         f"this key failed {n} times and is dead-lettered: {record.error}",
@@ -106,4 +109,14 @@ def dead_error(record: Record, attempts: int | None) -> DeadLettered:
         scope=record.scope,
         attempts=n,
         error=record.error,
+    )
+
+
+def mismatch_error(key: str, scope: str) -> PayloadMismatch:
+    """The error of a key reused with another payload (spec §2.3): never a replay."""
+    return PayloadMismatch(
+        "this key was already used with another payload (other arguments, another "
+        "request); a reused key is never replayed: give each new request its own key",
+        key=key,
+        scope=scope,
     )

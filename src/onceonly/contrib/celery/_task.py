@@ -15,15 +15,16 @@ The scope of the keys is the task's name.
   ``task_reject_on_worker_lost`` redelivers it) still reaches ``max_attempts`` and ends
   dead (:class:`~onceonly.DeadLettered`) instead of being redelivered for ever.
 * **Leased** (the default): the function runs under a leased claim
-  (:class:`~onceonly.inbox._leased.LeasedRunner`, as ``@idempotent``): for effects outside
-  the database; works on every store, Redis included.
+  (:class:`~onceonly.LeasedRunner`, as ``@idempotent``): for effects outside the
+  database; works on every store, Redis included.
 
 Either way a duplicate replays the stored result, a failure is recorded and counted
 (``max_attempts`` failures make the key dead: :class:`~onceonly.DeadLettered`), and
 the exception goes on to Celery, so ``autoretry_for`` works: the retry carries the same
 task id and runs again, as the state machine allows a failed key. ``self.retry()`` (a
 ``celery.exceptions.Retry``) is not a failure: the run is rolled back (atomic) or its
-claim released (leased) **without counting an attempt**, so the task's own
+claim released (leased) **without counting an attempt** (the inbox's and the runner's
+public ``uncounted_errors``; a precounted attempt is given back too), so the task's own
 ``max_retries`` bounds the retries; when they run out, Celery raises the task's error,
 and that failure is counted.
 """
@@ -46,11 +47,9 @@ from onceonly._core.durations import seconds
 from onceonly._core.fingerprint import fingerprint
 from onceonly._core.keys import validate_key
 from onceonly._core.state import Policy
-from onceonly.errors import ConfigurationError, InFlight, StoreUnavailable
+from onceonly.errors import ConfigurationError, InFlight
 from onceonly.events import Listener
 from onceonly.inbox import Inbox, LeasedRunner, Tx
-from onceonly.inbox._failures import uncount
-from onceonly.inbox._rules import HandlerFailed
 from onceonly.messaging import Delivery
 
 __all__ = ["idempotent_task"]
@@ -83,40 +82,6 @@ def _delivery(task: Any, key: str) -> Delivery:
         headers={"task": task.name, "retries": request.retries or 0},
         raw=request,
     )
-
-
-class _RetryingAtomic(BaseException):
-    """Carries Celery's ``Retry`` out of an atomic run: not an ``Exception``, so the
-    inbox rolls the run back (its claim with it) and records no failed attempt."""
-
-    def __init__(self, retry: Retry) -> None:
-        super().__init__(repr(retry))
-        self.retry = retry
-
-
-class _TaskInbox(Inbox):
-    """The inbox of an atomic task: it precounts each attempt (a worker killed inside the
-    task commits nothing, and Celery keeps no delivery count, so only the mark written
-    before the run counts the crash toward ``max_attempts``), and gives that mark back
-    when the run ended in Celery's ``retry`` (not a failure)."""
-
-    def _record_failure(self, failed: HandlerFailed, payload: Any, connection: Any) -> None:
-        if isinstance(failed.exc, _RetryingAtomic):
-            # the run rolled back to the precount mark it was decided from: give it back
-            if failed.seen is not None:
-                uncount(self, failed.claimed.key, failed.seen.token)
-            return
-        super()._record_failure(failed, payload, connection)
-
-
-class _RetryingLeased(StoreUnavailable):
-    """Carries Celery's ``Retry`` out of a leased run: the runner releases the claim as
-    failed without counting an attempt (as for a store outage), so a retry runs at once
-    and only the task's ``max_retries`` bounds them."""
-
-    def __init__(self, retry: Retry) -> None:
-        super().__init__(f"Celery retry: {retry}")
-        self.retry = retry
 
 
 class _IdempotentTask:
@@ -172,7 +137,11 @@ class _IdempotentTask:
                     self.store = self.store()
                     self._check(self.store, self.atomic)
                 if self.atomic:
-                    runner = _TaskInbox(
+                    # Each attempt is precounted: a worker killed inside the task commits
+                    # nothing, and Celery keeps no delivery count, so only the mark written
+                    # before the run counts the crash toward max_attempts. A Retry is no
+                    # failure: rolled back uncounted, its precount mark given back.
+                    runner = Inbox(
                         self.store,
                         scope,
                         ttl=self.ttl,
@@ -180,6 +149,7 @@ class _IdempotentTask:
                         wait=self.wait,
                         stale_after=self.lease,
                         cache_errors=self.cache_errors,
+                        uncounted_errors=(Retry,),
                         max_result_bytes=self.max_result_bytes,
                         listeners=self.listeners,
                         precount_attempts=True,
@@ -192,6 +162,7 @@ class _IdempotentTask:
                         ttl=self.ttl,
                         wait=self.wait,
                         cache_errors=self.cache_errors,
+                        uncounted_errors=(Retry,),
                         max_result_bytes=self.max_result_bytes,
                         listeners=self.listeners,
                     )
@@ -228,23 +199,15 @@ class _IdempotentTask:
                     head = args[:1] if bound else ()
 
                     def handler(_: Any, tx: Tx) -> Any:
-                        try:
-                            return fn(*head, tx, *call_args, **kwargs)
-                        except Retry as retry:
-                            raise _RetryingAtomic(retry) from None
+                        return fn(*head, tx, *call_args, **kwargs)
 
                     delivery = _delivery(task, key)
                     return runner.process(key, payload, handler, delivery=delivery).result
 
                 def leased() -> Any:
-                    try:
-                        return fn(*args, **kwargs)
-                    except Retry as retry:
-                        raise _RetryingLeased(retry) from None
+                    return fn(*args, **kwargs)
 
                 result, _, _ = runner.run(key, fingerprint(payload), leased, payload)
-            except (_RetryingAtomic, _RetryingLeased) as retrying:
-                raise retrying.retry from None  # not a failure: Celery's max_retries rules
             except InFlight as exc:
                 if not self.retry_in_flight:
                     raise

@@ -192,7 +192,7 @@ class IdempotencyMiddleware:
     def _atomic(self, request: HttpRequest, keyed: Keyed) -> HttpResponseBase:
         store = self.config.store()
         step = keyed.step
-        options = _atomic._options(
+        options = _atomic.inbox_options(
             store, step, self.settings, keyed.rule, keyed.fingerprint, keyed.inbox_listeners
         )
         inbox = Inbox(store, **options)
@@ -208,9 +208,9 @@ class IdempotencyMiddleware:
                 tx.execute(f"ROLLBACK TO SAVEPOINT {_atomic.SAVEPOINT}")
             tx.execute(f"RELEASE SAVEPOINT {_atomic.SAVEPOINT}")
             if response.streaming:
-                raise _atomic._NotStored("!a streamed response is not stored")
+                raise _atomic.NotStored("!a streamed response is not stored")
             status, out, content = _parts(response)
-            _atomic._check(status, out, len(content), policy)
+            _atomic.check_stored(status, out, len(content), policy)
             kept = core.kept_headers(out, policy)
             return core.response_doc(core.StoredResponse(status, kept, content))
 
@@ -221,7 +221,7 @@ class IdempotencyMiddleware:
                 # begins it itself on SQLite)
                 raw: Any = connections[DEFAULT_DB_ALIAS].connection
                 got = inbox.process(step.key, None, handler, connection=raw)
-        except (_atomic._NotStored, _atomic._Redirected) as exc:
+        except (_atomic.NotStored, _atomic.Redirected) as exc:
             if exc.reason.startswith("!"):
                 log.warning("%s/%s: %s; rolled back", step.scope, step.key, exc.reason[1:])
                 detail = exc.reason[1:] + "; nothing was committed"
