@@ -39,8 +39,8 @@ import psycopg
 from confluent_kafka import Consumer, Producer
 
 import onceonly
-from onceonly.brokers._kafka_wire import ensure_topics
 from onceonly.brokers.kafka import KafkaConsumer
+from onceonly.brokers.kafka._wire import ensure_topics
 
 FAST_JOIN = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}
 

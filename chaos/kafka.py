@@ -48,7 +48,7 @@ FAST_JOIN: dict[str, Any] = {"session.timeout.ms": 6000, "heartbeat.interval.ms"
 
 async def create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
     """Create the run's topic with ``partitions`` partitions (before the relays publish)."""
-    from onceonly.brokers._kafka_wire import ensure_topics
+    from onceonly.brokers.kafka._wire import ensure_topics
 
     config = {"bootstrap.servers": bootstrap}
     await asyncio.get_running_loop().run_in_executor(

@@ -458,7 +458,7 @@ class KafkaKit(Kit):
     counts_deliveries = False
 
     async def start(self) -> None:
-        from onceonly.brokers._kafka_wire import ensure_topics
+        from onceonly.brokers.kafka._wire import ensure_topics
 
         tag = uuid.uuid4().hex[:12]
         self.topic = f"contract-{tag}"

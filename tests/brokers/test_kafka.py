@@ -51,7 +51,7 @@ class Env:
         self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
 
     async def start(self) -> None:
-        from onceonly.brokers._kafka_wire import ensure_topics
+        from onceonly.brokers.kafka._wire import ensure_topics
 
         require_postgres()
         loop = asyncio.get_running_loop()

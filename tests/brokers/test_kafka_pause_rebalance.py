@@ -42,7 +42,7 @@ async def test_consumer_resumes_after_a_rebalance_while_its_buffer_is_full() -> 
     await env.start()
     other = f"{env.topic}-other"
     try:
-        from onceonly.brokers._kafka_wire import ensure_topics
+        from onceonly.brokers.kafka._wire import ensure_topics
 
         await asyncio.to_thread(
             ensure_topics, {"bootstrap.servers": env.bootstrap}, [(other, 1)], 5.0

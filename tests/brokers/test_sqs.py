@@ -90,7 +90,7 @@ async def test_a_long_handler_keeps_its_message_invisible(
 ) -> None:
     """A handler running 3.5 s on a 2 s visibility timeout is not received again: the
     loop extends the visibility while it runs."""
-    from onceonly.brokers._sqs_transport import SqsTransport
+    from onceonly.brokers.sqs._transport import SqsTransport
 
     received: list[int | None] = []
     real_receive = SqsTransport.receive

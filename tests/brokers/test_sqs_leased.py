@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import onceonly
-from onceonly.brokers._sqs_transport import SqsTransport
 from onceonly.brokers.sqs import SqsConsumer
+from onceonly.brokers.sqs._transport import SqsTransport
 from onceonly.stores.redis._lua import record_key
 from tests.brokers._kits import SQS_OPTIONS, moto_endpoint
 from tests.conftest import REDIS_URL, drop_redis_prefix, require_redis, unique_table

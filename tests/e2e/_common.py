@@ -230,8 +230,8 @@ def make_consumer(
             **SQS_OPTIONS,
         )
     if broker == "kafka":
-        from onceonly.brokers._kafka_publisher import bootstrap_of
         from onceonly.brokers.kafka import KafkaConsumer
+        from onceonly.brokers.kafka._publisher import bootstrap_of
 
         return KafkaConsumer(
             inbox,
@@ -287,7 +287,7 @@ def patch_acks(broker: str, on_ack: Any) -> None:
 
         redis_cls.xack = xack
     elif broker == "sqs":
-        from onceonly.brokers._sqs_transport import SqsTransport
+        from onceonly.brokers.sqs._transport import SqsTransport
 
         transport_cls: Any = SqsTransport
         original_delete = transport_cls.ack
@@ -298,7 +298,7 @@ def patch_acks(broker: str, on_ack: Any) -> None:
 
         transport_cls.ack = delete
     elif broker == "kafka":
-        from onceonly.brokers._kafka_transport import KafkaTransport
+        from onceonly.brokers.kafka._transport import KafkaTransport
 
         kafka_cls: Any = KafkaTransport
         original_settle = kafka_cls.ack
@@ -337,7 +337,7 @@ async def reachable(broker: str, url: str) -> bool:
             async with _sqs(url) as client:
                 await asyncio.wait_for(client.list_queues(), 5)
         elif broker == "kafka":
-            from onceonly.brokers._kafka_wire import partitions_of
+            from onceonly.brokers.kafka._wire import partitions_of
 
             config = _kafka_config(url)
             await asyncio.get_running_loop().run_in_executor(None, partitions_of, config, [], 5.0)
@@ -390,7 +390,7 @@ async def prepare_broker(broker: str, url: str, names: Names) -> None:
             for queue in (names.topic, names.sqs_dead):
                 await client.create_queue(QueueName=queue)
     elif broker == "kafka":
-        from onceonly.brokers._kafka_wire import ensure_topics
+        from onceonly.brokers.kafka._wire import ensure_topics
 
         topics = [(names.topic, KAFKA_PARTITIONS), (names.dead, KAFKA_PARTITIONS)]
         config = _kafka_config(url)
@@ -457,7 +457,7 @@ async def cleanup_broker(broker: str, url: str, names: Names) -> None:
 
 
 def _kafka_config(url: str) -> dict[str, Any]:
-    from onceonly.brokers._kafka_publisher import bootstrap_of
+    from onceonly.brokers.kafka._publisher import bootstrap_of
 
     return {"bootstrap.servers": bootstrap_of(url)}
 

@@ -56,8 +56,7 @@ from onceonly._core.settle import (
 )
 from onceonly.brokers._ids import MessageIds, decode_body, valid_id
 from onceonly.errors import ConfigurationError, InvalidKey, StoreUnavailable
-from onceonly.inbox import AsyncClaim, AsyncInbox, AsyncTx, BatchItem, Outcome
-from onceonly.inbox._leased_inbox_async import LEASED, AsyncLeasedTx
+from onceonly.inbox import AsyncClaim, AsyncInbox, AsyncLeasedTx, AsyncTx, BatchItem, Outcome
 from onceonly.messaging import Delivery
 
 __all__ = [
@@ -391,7 +390,7 @@ def _precounting(inbox: AsyncInbox) -> AsyncInbox:
     """``inbox`` with ``precount_attempts`` on (the same store, consumer and policy), for
     the runs of redelivered messages; ``inbox`` itself when it already precounts or is
     leased (a leased claim counts a crash when it is taken over)."""
-    if getattr(inbox, "mode", None) == LEASED or getattr(inbox, "precount_attempts", True):
+    if getattr(inbox, "mode", None) == "leased" or getattr(inbox, "precount_attempts", True):
         return inbox
     twin = copy.copy(inbox)
     twin.precount_attempts = True

@@ -73,7 +73,6 @@ from onceonly.brokers._transport import Incoming, Transport
 from onceonly.cli._checks import check_pool
 from onceonly.errors import BrokerUnavailable, ConfigurationError
 from onceonly.inbox import AsyncInbox
-from onceonly.inbox._leased_inbox_async import LEASED
 from onceonly.messaging import Delivery
 
 __all__ = ["RECONNECT", "ConsumerLoop", "Incoming", "Transport"]  # re-exported
@@ -113,7 +112,7 @@ class ConsumerLoop:
     ) -> None:
         if batch_size < 1 or not batch_wait >= 0:
             raise ConfigurationError("batch_size must be at least 1 and batch_wait >= 0")
-        if batch_size > 1 and getattr(inbox, "mode", None) == LEASED:
+        if batch_size > 1 and getattr(inbox, "mode", None) == "leased":
             raise ConfigurationError("batch_size > 1 needs an inbox in atomic mode (SQL store)")
         self.inbox = inbox
         self.handler = handler
@@ -197,7 +196,7 @@ class ConsumerLoop:
         (each handler, or each batch, holds one for its whole run: the rest wait, then
         time out). The pool is the caller's to size (it may serve other code), so it is
         not resized here."""
-        if self._pool_checked or getattr(self.inbox, "mode", None) == LEASED:
+        if self._pool_checked or getattr(self.inbox, "mode", None) == "leased":
             return
         self._pool_checked = True
         for finding in check_pool(self.inbox.store, self.transactions):

@@ -13,17 +13,21 @@ from onceonly.inbox._atomic_async import AsyncInbox, AsyncTx
 from onceonly.inbox._decorator import idempotent
 from onceonly.inbox._leased import Claim, LeasedRunner, current_claim
 from onceonly.inbox._leased_async import AsyncClaim, AsyncLeasedRunner, current_async_claim
+from onceonly.inbox._leased_inbox import LeasedTx
+from onceonly.inbox._leased_inbox_async import AsyncLeasedTx
 from onceonly.inbox._outcome import BatchItem, Outcome, Replay
 
 __all__ = [
     "AsyncClaim",
     "AsyncInbox",
     "AsyncLeasedRunner",
+    "AsyncLeasedTx",
     "AsyncTx",
     "BatchItem",
     "Claim",
     "Inbox",
     "LeasedRunner",
+    "LeasedTx",
     "Outcome",
     "Replay",
     "Tx",

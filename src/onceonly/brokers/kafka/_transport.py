@@ -21,7 +21,7 @@
   written and Kafka's offsets committed; then the partitions are dropped. A record
   that settles after its partition was dropped is never acked (nothing committed for
   it), and its transaction, if it writes a position, rolls back
-  (:class:`~onceonly.brokers._kafka_positions.PartitionLost`). ``on_lost`` (the
+  (:class:`~onceonly.brokers.kafka._positions.PartitionLost`). ``on_lost`` (the
   session expired) drops at once and commits nothing.
 """
 
@@ -48,9 +48,9 @@ from confluent_kafka import (
 from onceonly._core.offsets import PartitionOrder, Slot
 from onceonly._core.settle import header_text
 from onceonly._core.window import Bound
-from onceonly.brokers import _kafka_wire as wire
-from onceonly.brokers._kafka_positions import PartitionLost, Positions
 from onceonly.brokers._transport import Incoming
+from onceonly.brokers.kafka import _wire as wire
+from onceonly.brokers.kafka._positions import PartitionLost, Positions
 from onceonly.errors import BrokerUnavailable, ConfigurationError
 from onceonly.messaging import HEADER_MESSAGE_ID
 

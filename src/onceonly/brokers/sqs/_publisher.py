@@ -11,7 +11,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from onceonly.brokers import _sqs_wire as wire
+from onceonly.brokers.sqs import _wire as wire
 from onceonly.errors import BrokerUnavailable, PublishError
 from onceonly.messaging import OutboxMessage
 

@@ -17,8 +17,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
 from onceonly._core.window import Bound
-from onceonly.brokers import _nats_wire as wire
 from onceonly.brokers._transport import Incoming
+from onceonly.brokers.nats import _wire as wire
 from onceonly.errors import BrokerUnavailable, ConfigurationError, PublishError
 
 __all__ = ["NatsTransport"]

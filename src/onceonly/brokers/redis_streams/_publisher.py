@@ -11,7 +11,7 @@ from typing import Any
 import redis.asyncio
 from redis.exceptions import RedisError, ResponseError
 
-from onceonly.brokers._redis_wire import client, outbound_fields, text, transient_reply
+from onceonly.brokers.redis_streams._wire import client, outbound_fields, text, transient_reply
 from onceonly.errors import BrokerUnavailable, ConfigurationError, PublishError
 from onceonly.messaging import OutboxMessage
 

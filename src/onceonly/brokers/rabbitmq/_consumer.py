@@ -60,11 +60,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "onceonly.brokers.rabbitmq needs the rabbitmq extra: pip install 'onceonly[rabbitmq]'"
     ) from exc
 
-from onceonly.brokers._amqp_publisher import RabbitMQPublisher
-from onceonly.brokers._amqp_transport import RabbitMQTransport
-from onceonly.brokers._amqp_wire import translate as _translate  # noqa: F401 (tests)
 from onceonly.brokers._consumer import Handler, MessageIds
 from onceonly.brokers._loop import ConsumerLoop
+from onceonly.brokers.rabbitmq._publisher import RabbitMQPublisher
+from onceonly.brokers.rabbitmq._transport import RabbitMQTransport
+from onceonly.brokers.rabbitmq._wire import translate as _translate  # noqa: F401 (tests)
 from onceonly.errors import ConfigurationError
 from onceonly.inbox import AsyncInbox
 

@@ -10,7 +10,7 @@ from types import TracebackType
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
-from onceonly.brokers._amqp_wire import outbound, publish_confirmed, translate
+from onceonly.brokers.rabbitmq._wire import outbound, publish_confirmed, translate
 from onceonly.errors import ConfigurationError, PublishError
 from onceonly.messaging import OutboxMessage
 

@@ -21,8 +21,8 @@ from aio_pika.abc import (
 )
 
 from onceonly._core.window import Bound
-from onceonly.brokers import _amqp_wire as wire
 from onceonly.brokers._transport import Incoming
+from onceonly.brokers.rabbitmq import _wire as wire
 from onceonly.errors import PublishError
 
 __all__ = ["RabbitMQTransport"]

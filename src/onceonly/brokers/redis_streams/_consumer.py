@@ -66,10 +66,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from onceonly.brokers._consumer import Handler, MessageIds
 from onceonly.brokers._loop import ConsumerLoop
-from onceonly.brokers._redis_publisher import RedisStreamsPublisher
-from onceonly.brokers._redis_transport import RedisStreamsTransport
-from onceonly.brokers._redis_wire import StreamEntry, client
-from onceonly.brokers._redis_wire import message_id as _message_id  # noqa: F401 (tests)
+from onceonly.brokers.redis_streams._publisher import RedisStreamsPublisher
+from onceonly.brokers.redis_streams._transport import RedisStreamsTransport
+from onceonly.brokers.redis_streams._wire import StreamEntry, client
+from onceonly.brokers.redis_streams._wire import message_id as _message_id  # noqa: F401 (tests)
 from onceonly.errors import ConfigurationError
 from onceonly.inbox import AsyncInbox
 

@@ -61,14 +61,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from onceonly.brokers._consumer import Handler, MessageIds
-from onceonly.brokers._kafka_positions import DEFAULT_TABLE, PartitionLost, Positions
-from onceonly.brokers._kafka_publisher import KafkaPublisher
-from onceonly.brokers._kafka_transport import KafkaTransport
-from onceonly.brokers._kafka_wire import client_config
 from onceonly.brokers._loop import ConsumerLoop
+from onceonly.brokers.kafka._positions import DEFAULT_TABLE, PartitionLost, Positions
+from onceonly.brokers.kafka._publisher import KafkaPublisher
+from onceonly.brokers.kafka._transport import KafkaTransport
+from onceonly.brokers.kafka._wire import client_config
 from onceonly.errors import ConfigurationError
 from onceonly.inbox import AsyncInbox, AsyncTx, BatchItem, Outcome
-from onceonly.inbox._leased_inbox_async import LEASED
 
 __all__ = ["KafkaConsumer", "KafkaPublisher", "PartitionLost"]
 
@@ -164,7 +163,7 @@ class KafkaConsumer(ConsumerLoop):
             raise ConfigurationError("topics must be a non-empty list of topic names")
         if not group:
             raise ConfigurationError("group must be a non-empty consumer group name")
-        sql = getattr(inbox.store, "dialect", None) in _SQL and inbox.mode != LEASED
+        sql = getattr(inbox.store, "dialect", None) in _SQL and inbox.mode != "leased"
         if offsets is None:
             offsets = "store" if sql else "kafka"
         if offsets not in ("store", "kafka"):
@@ -176,7 +175,7 @@ class KafkaConsumer(ConsumerLoop):
         if partitions < 1 or max_buffer < 1:
             raise ConfigurationError("partitions and max_buffer must be at least 1")
         self.offsets = offsets
-        if inbox.mode != LEASED and not inbox.precount_attempts:
+        if inbox.mode != "leased" and not inbox.precount_attempts:
             log.warning(
                 "KafkaConsumer(group %r): the inbox does not pre-count attempts, so a record"
                 " whose handler kills the worker is never counted (Kafka keeps no delivery"

@@ -16,8 +16,8 @@ import redis.asyncio
 from redis.exceptions import RedisError, ResponseError
 
 from onceonly._core.window import Bound
-from onceonly.brokers import _redis_wire as wire
 from onceonly.brokers._transport import Incoming
+from onceonly.brokers.redis_streams import _wire as wire
 from onceonly.errors import BrokerUnavailable, ConfigurationError
 
 __all__ = ["RedisStreamsTransport"]

@@ -36,8 +36,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from onceonly.brokers._consumer import Handler, MessageIds
 from onceonly.brokers._loop import ConsumerLoop
-from onceonly.brokers._sqs_publisher import SqsPublisher
-from onceonly.brokers._sqs_transport import SqsTransport
+from onceonly.brokers.sqs._publisher import SqsPublisher
+from onceonly.brokers.sqs._transport import SqsTransport
 from onceonly.errors import ConfigurationError
 from onceonly.inbox import AsyncInbox
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from onceonly.brokers import _kafka_wire as wire
+from onceonly.brokers.kafka import _wire as wire
 from onceonly.errors import ConfigurationError, PublishError
 from onceonly.messaging import OutboxMessage
 

@@ -15,8 +15,8 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from onceonly._core.window import Bound
-from onceonly.brokers import _sqs_wire as wire
 from onceonly.brokers._transport import Incoming
+from onceonly.brokers.sqs import _wire as wire
 from onceonly.errors import BrokerUnavailable, ConfigurationError, PublishError
 
 __all__ = ["SqsTransport"]

@@ -16,7 +16,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from onceonly._core.urls import redact_url
-from onceonly.brokers._nats_wire import TRANSPORT_ERRORS, connect, outbound_headers
+from onceonly.brokers.nats._wire import TRANSPORT_ERRORS, connect, outbound_headers
 from onceonly.errors import BrokerUnavailable, ConfigurationError, PublishError
 from onceonly.messaging import OutboxMessage
 

@@ -63,9 +63,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from onceonly._core.deadletter import HEADER_SOURCE
 from onceonly.brokers._consumer import Handler, MessageIds
 from onceonly.brokers._loop import ConsumerLoop
-from onceonly.brokers._nats_publisher import NatsPublisher
-from onceonly.brokers._nats_transport import NatsTransport
-from onceonly.brokers._nats_wire import MSG_ID_HEADER, is_literal, subject_matches
+from onceonly.brokers.nats._publisher import NatsPublisher
+from onceonly.brokers.nats._transport import NatsTransport
+from onceonly.brokers.nats._wire import MSG_ID_HEADER, is_literal, subject_matches
 from onceonly.errors import ConfigurationError
 from onceonly.inbox import AsyncInbox
 
