@@ -22,7 +22,8 @@ import pytest
 from pamqp.commands import Basic
 
 import onceonly
-from onceonly.brokers.rabbitmq import RabbitMQConsumer, RabbitMQPublisher, _translate
+from onceonly.brokers.rabbitmq import RabbitMQConsumer, RabbitMQPublisher
+from onceonly.brokers.rabbitmq._wire import translate as _translate
 from onceonly.messaging import OutboxMessage
 from tests.conftest import unavailable
 

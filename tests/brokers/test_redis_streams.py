@@ -25,8 +25,8 @@ from onceonly.brokers.redis_streams import (
     RedisStreamsConsumer,
     RedisStreamsPublisher,
     StreamEntry,
-    _message_id,
 )
+from onceonly.brokers.redis_streams._wire import message_id as _message_id
 from onceonly.errors import PublishError
 from onceonly.messaging import OutboxMessage
 from tests.conftest import unavailable

@@ -64,7 +64,6 @@ from onceonly.brokers._consumer import Handler, MessageIds
 from onceonly.brokers._loop import ConsumerLoop
 from onceonly.brokers.rabbitmq._publisher import RabbitMQPublisher
 from onceonly.brokers.rabbitmq._transport import RabbitMQTransport
-from onceonly.brokers.rabbitmq._wire import translate as _translate  # noqa: F401 (tests)
 from onceonly.errors import ConfigurationError
 from onceonly.inbox import AsyncInbox
 

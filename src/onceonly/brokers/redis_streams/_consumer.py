@@ -69,7 +69,6 @@ from onceonly.brokers._loop import ConsumerLoop
 from onceonly.brokers.redis_streams._publisher import RedisStreamsPublisher
 from onceonly.brokers.redis_streams._transport import RedisStreamsTransport
 from onceonly.brokers.redis_streams._wire import StreamEntry, client
-from onceonly.brokers.redis_streams._wire import message_id as _message_id  # noqa: F401 (tests)
 from onceonly.errors import ConfigurationError
 from onceonly.inbox import AsyncInbox
 
