@@ -35,6 +35,7 @@ SOURCES = [
     "src/onceonly/stores/postgres/_partitions_async.py",
     "src/onceonly/stores/postgres/_schema_async.py",
     "src/onceonly/stores/postgres/_pool_async.py",
+    "src/onceonly/stores/postgres/_listen_async.py",
     "src/onceonly/admin/_admin_async.py",
     "src/onceonly/stores/redis/_store_async.py",
     "src/onceonly/stores/tiered/_store_async.py",

@@ -10,6 +10,13 @@ times from **its own clock**.
 
 Sync and async contracts have the same method names; ``AsyncStore``/``AsyncSession``
 are awaited.
+
+Beside the records, a store names what the rest of the library needs of it, so no caller
+probes a store's attributes or its class name: its ``dialect``, its schema version, its
+operator side (``admin()``), the statements of its outbox table
+(``outbox_statements()``, an :class:`OutboxStatements`), the translation of its driver's
+errors (``translate()``), its pool's size, and the wake-ups of an outbox relay
+(``listen()``, ``renew_connections()``).
 """
 
 from __future__ import annotations
@@ -22,19 +29,27 @@ from typing import Any, Protocol
 
 from onceonly._core.admin import PurgeRule, Query, ScopeStats
 from onceonly._core.state import Expect, Record, Write, one_step_init
+from onceonly.errors import OnceOnlyError
 
 __all__ = [
     "AdminStore",
     "AsyncAdminStore",
+    "AsyncListener",
     "AsyncSession",
     "AsyncStore",
+    "Listener",
+    "OutboxStatements",
     "Session",
     "Snapshot",
+    "Statement",
     "Store",
     "TxHealth",
 ]
 
 Params = Sequence[Any] | None
+#: One statement of a store's own SQL and its parameters (``?`` placeholders; ``None``:
+#: none, the text is sent as written).
+Statement = tuple[str, Params]
 
 
 @one_step_init
@@ -62,6 +77,109 @@ class TxHealth(str, enum.Enum):
     ENDED = "ended"
     ABORTED = "aborted"
     LOST = "lost"
+
+
+class OutboxStatements(Protocol):
+    """The statements of one outbox table in its store's SQL (``?`` placeholders), as
+    ``store.outbox_statements(table)`` gives them; :mod:`onceonly.outbox` runs them
+    through the store's sessions (no I/O here).
+
+    Rows: ``seq`` (insert order), ``id`` (the message id), ``topic``, ``key``,
+    ``payload``, ``headers``, ``state`` (``pending``/``dead``), ``attempts``,
+    ``available_at``, ``last_error``, ``created_at``. A claim reads
+    ``seq, id, topic, key, payload, headers, attempts, created_at``.
+
+    .. versionadded:: 0.5
+    """
+
+    @property
+    def table(self) -> str:
+        """The outbox table (a validated identifier)."""
+
+    @property
+    def channel(self) -> str | None:
+        """The channel an insert notifies (LISTEN/NOTIFY), or ``None``: relays poll."""
+
+    @property
+    def leases(self) -> bool:
+        """``True``: a relay leases its batch (``lock_token``/``locked_until``) in a short
+        transaction and publishes outside it; ``False``: it holds the batch's rows locked
+        (``FOR UPDATE SKIP LOCKED``) in one transaction while it publishes."""
+
+    @property
+    def transactional_ddl(self) -> bool:
+        """Whether the DDL runs inside a transaction (``False``: each statement commits
+        on its own, as on MariaDB/MySQL)."""
+
+    def migrate(self) -> list[str]:
+        """The DDL creating the table (what ``store.migrate()`` runs); repeatable."""
+
+    def drop(self) -> list[str]:
+        """Undo :meth:`migrate`."""
+
+    def migration(self) -> list[Statement]:
+        """Everything ``Outbox.migrate()`` runs: a lock serialising migrators where the
+        store has one, :meth:`migrate`, and the table's row in ``onceonly_schema``."""
+
+    def insert(self, values: tuple[Any, ...], lock_key: str | None) -> list[Statement]:
+        """Insert a row: ``values`` are ``(id, topic, key, payload, headers)``; with
+        ``lock_key`` (ordered mode), the key's inserts are serialised first, so a key's
+        ``seq`` order is its commit order."""
+
+    def claim(self, *, ordered: bool) -> str:
+        """Claim a batch of pending rows due now, oldest first (ordered: only the oldest
+        pending row of each key). Parameters: ``(limit)``, or when :attr:`leases`,
+        ``(lease seconds, token, limit)``."""
+
+    def delete(self, seqs: list[int], token: int | None) -> list[Statement]:
+        """Delete published rows (``token``: the lease's, when :attr:`leases`)."""
+
+    def fail(self) -> str:
+        """A refused publish: one more attempt, ``dead`` at ``max_attempts``, retried after
+        a delay. Parameters: ``(error, delay seconds, max_attempts, seq[, token])``."""
+
+    def postpone(self) -> str:
+        """A publish that failed because the broker was unreachable: no attempt counted,
+        retried after a delay. Parameters: ``(error, delay seconds, seq[, token])``."""
+
+    def list_rows(self) -> str:
+        """Rows in a state, oldest first: the claim's columns and ``last_error``.
+        Parameters: ``(state, limit)``."""
+
+    def redrive(self, *, all_dead: bool) -> str:
+        """Dead rows back to pending with zero attempts. Parameters: ``(id)``, or none
+        with ``all_dead``."""
+
+    def counts(self) -> str:
+        """``(state, count)`` rows."""
+
+
+class Listener(Protocol):
+    """A connection waiting for the notifications of an outbox channel (sync).
+
+    .. versionadded:: 0.5
+    """
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a notification; whether one came.
+
+        Raises:
+            StoreUnavailable: the connection was lost.
+        """
+
+    def close(self) -> None:
+        """Close the connection (it may be broken already)."""
+
+
+class AsyncListener(Protocol):
+    """The methods of :class:`Listener`, awaited.
+
+    .. versionadded:: 0.5
+    """
+
+    async def wait(self, seconds: float) -> bool: ...
+
+    async def close(self) -> None: ...
 
 
 class Session(Protocol):
@@ -110,6 +228,13 @@ class Store(Protocol):
 
     url: str
     atomic: bool  # whether transaction() can hold the caller's SQL writes
+    #: Whose SQL the store speaks: ``"sqlite"``, ``"postgresql"``, ``"mysql"``, or
+    #: ``"memory"``/``"redis"`` (none).
+    dialect: str
+    #: The outbox table :meth:`migrate` creates (``None``: none).
+    outbox_table: str | None
+    #: The schema version :meth:`migrate` writes (``None``: a store without tables).
+    latest_schema_version: int | None
 
     @property
     def connection_source(self) -> Hashable:
@@ -125,6 +250,65 @@ class Store(Protocol):
 
     def migrate(self) -> None:
         """Create or upgrade the tables; safe to repeat and to run concurrently."""
+
+    def schema_version(self) -> int | None:
+        """The schema version recorded for the records table (``None``: not migrated,
+        or a store without tables).
+
+        .. versionadded:: 0.5
+        """
+
+    @property
+    def pool_size(self) -> int | None:
+        """The most connections the store's pool opens at once (``None``: no bound of the
+        store's own: it has no pool, or borrows from someone else's).
+
+        .. versionadded:: 0.5
+        """
+
+    def admin(self) -> AdminStore:
+        """Operator access to the records.
+
+        Raises:
+            ConfigurationError: the store offers none (Redis).
+
+        .. versionadded:: 0.5
+        """
+
+    def outbox_statements(self, table: str) -> OutboxStatements:
+        """The statements of the outbox table ``table`` in this store's SQL.
+
+        Raises:
+            ConfigurationError: a store without SQL (memory, Redis), or a bad name.
+
+        .. versionadded:: 0.5
+        """
+
+    def translate(self, exc: BaseException) -> OnceOnlyError | None:
+        """The library's error for a driver error of a statement run through a session's
+        ``execute`` (the outbox's own statements): :class:`~onceonly.NotMigrated` for a
+        missing table, :class:`~onceonly.StoreUnavailable` for a failure worth retrying
+        (connection lost, server restarting, a failover, a busy file),
+        :class:`~onceonly.StoreError` for the rest; ``None`` when ``exc`` is not an error
+        of this store's driver.
+
+        .. versionadded:: 0.5
+        """
+
+    def listen(self, channel: str) -> Listener | None:
+        """A connection of its own waiting for ``channel``'s notifications (an outbox
+        relay's wake-ups), or ``None`` where they cannot reach one (no notifications,
+        or transaction pooling): poll instead.
+
+        .. versionadded:: 0.5
+        """
+
+    def renew_connections(self) -> None:
+        """Have the pool replace its idle connections now (after an outage each stale
+        one would fail a retry of its own); nothing for a store without a pool.
+
+        .. versionadded:: 0.5
+        """
 
     def transaction(
         self, connection: Any = None, *, lock_wait: float = 5.0
@@ -174,11 +358,29 @@ class AsyncStore(Protocol):
 
     url: str
     atomic: bool
+    dialect: str
+    outbox_table: str | None
+    latest_schema_version: int | None
 
     @property
     def connection_source(self) -> Hashable: ...
 
     async def migrate(self) -> None: ...
+
+    async def schema_version(self) -> int | None: ...
+
+    @property
+    def pool_size(self) -> int | None: ...
+
+    def admin(self) -> AsyncAdminStore: ...
+
+    def outbox_statements(self, table: str) -> OutboxStatements: ...
+
+    def translate(self, exc: BaseException) -> OnceOnlyError | None: ...
+
+    async def listen(self, channel: str) -> AsyncListener | None: ...
+
+    async def renew_connections(self) -> None: ...
 
     def transaction(
         self, connection: Any = None, *, lock_wait: float = 5.0

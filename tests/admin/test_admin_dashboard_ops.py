@@ -71,6 +71,47 @@ async def test_redrive_matching_counts_then_redrives_only_the_filtered_set(
         await admin.redrive_matching(Query())
 
 
+async def test_redrive_matching_redrives_only_the_set_its_count_saw(async_store: Any) -> None:
+    """With ``before`` and ``expect`` (a dry run's): a record that died after the count is
+    left alone, and a set that shrank since is not redriven at all."""
+    for i in range(3):
+        await _put(async_store, "s", f"k{i}", State.DEAD, attempts=3)
+    admin = onceonly.AsyncAdmin(async_store)
+    query = Query((State.DEAD,), "s", limit=2)
+    before = await admin.clock()
+    assert await admin.redrive_matching(query, dry_run=True, before=before) == 3
+    time.sleep(0.05)
+    await _put(async_store, "s", "late", State.DEAD, attempts=3)  # died after the count
+    assert await admin.redrive_matching(query, dry_run=True) == 4
+    assert await admin.redrive_matching(query, before=before, expect=3) == 3
+    dead = await admin.list_records(state=State.DEAD)
+    assert [r.key for r in dead] == ["late"]
+
+    for i in range(3):
+        await _put(async_store, "t", f"k{i}", State.FAILED, attempts=1)
+    query = Query((State.FAILED,), "t")
+    before = await admin.clock()
+    assert await admin.redrive_matching(query, dry_run=True, before=before) == 3
+    assert await admin.delete("t", "k1")  # an operator acted meanwhile
+    assert await admin.redrive_matching(query, before=before, expect=3) is None
+    left = await admin.list_records(state=State.FAILED, scope="t")
+    assert [(r.key, r.attempts) for r in left] == [("k0", 1), ("k2", 1)]  # nothing written
+    assert await admin.redrive_matching(query, before=before, expect=2) == 2
+
+
+def test_sync_redrive_matching_takes_before_and_expect(store: Any) -> None:
+    """The sync twin: the same set rules."""
+    admin = onceonly.Admin(store)
+    with store.session() as s:
+        for i in range(2):
+            assert s.insert("s", f"k{i}", Write(State.DEAD, new_token(), None, 3)) is not None
+    query = Query((State.DEAD,))
+    before = admin.clock()
+    assert admin.redrive_matching(query, before=before, expect=3) is None
+    assert admin.redrive_matching(query, before=before - 3600, expect=0) == 0
+    assert admin.redrive_matching(query, before=before, expect=2) == 2
+
+
 async def test_release_reaps_one_lapsed_claim_only(async_store: Any) -> None:
     """A lapsed claim is released (failed, attempt counted, new token); a live one is not."""
     await _put(async_store, "s", "stale", State.IN_PROGRESS, lease_seconds=-30, attempts=1)

@@ -28,6 +28,7 @@ __all__ = [
     "keys",
     "lateness",
     "offsets",
+    "pool",
     "publishing",
     "rebuild",
     "settle",

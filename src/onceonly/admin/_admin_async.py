@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import overload
 
 from onceonly import _runtime
 from onceonly._core.admin import (
@@ -249,29 +250,64 @@ class AsyncAdmin:
                 done += 1
         return done
 
-    async def redrive_matching(self, query: Query, *, dry_run: bool = False) -> int:
+    @overload
+    async def redrive_matching(
+        self, query: Query, *, dry_run: bool = False, before: float | None = None
+    ) -> int: ...
+
+    @overload
+    async def redrive_matching(
+        self, query: Query, *, dry_run: bool = False, before: float | None = None, expect: int
+    ) -> int | None: ...
+
+    async def redrive_matching(
+        self,
+        query: Query,
+        *,
+        dry_run: bool = False,
+        before: float | None = None,
+        expect: int | None = None,
+    ) -> int | None:
         """Redrive every record matching ``query`` (a filtered set), each write fenced on
         the version read, as :meth:`redrive` does for one.
+
+        A set counted first and redriven later (an operator's dry run, then the
+        confirmation) passes what the count saw: ``before``, the store's clock at the
+        count (:meth:`clock`, less the filter's age), and ``expect``, the count. Records
+        only leave such a set (a worker or an operator wrote them, so they were last
+        written after ``before``), so a set of the same size is the same set.
 
         Args:
             query: which records (``states`` must be ``dead`` and/or ``failed``; every
                 other filter applies as in :meth:`list_records`; ``limit`` is the batch
                 size).
             dry_run: count the records that qualify now; write nothing.
+            before: only records last written (``updated_at``) at or before this time,
+                epoch seconds on the store's clock.
+            expect: redrive only if exactly this many records qualify now; otherwise
+                write nothing and return ``None``.
 
         Returns:
             How many were redriven (dry run: how many qualify now; a record a worker
-            changes between the count and the redrive is skipped, so the two may differ).
+            changes between the count and the redrive is skipped, so the two may differ);
+            ``None`` when ``expect`` was given and that many no longer qualify.
 
         Raises:
             ConfigurationError: ``query.states`` is empty or names another state.
 
         .. versionadded:: 0.3
+        .. versionchanged:: 0.5 ``before`` and ``expect``.
         """
         if not query.states or any(s not in (State.DEAD, State.FAILED) for s in query.states):
             raise ConfigurationError("only dead and failed records are redriven")
+        if expect is not None:
+            counted = await self.redrive_matching(query, dry_run=True, before=before)
+            if counted != expect:
+                return None
         done = 0
         async for record in self.iter_records(query):
+            if before is not None and record.updated_at > before:
+                continue  # written since the count: not in the set it counted
             decision = redrive_decision(record, new_token())
             if decision is None:
                 continue

@@ -5,6 +5,7 @@ store's admin side, the reports, and the :class:`DuplicateCounter` listener."""
 from __future__ import annotations
 
 import atexit
+import inspect
 import logging
 import threading
 import time
@@ -15,7 +16,7 @@ from onceonly._core.admin import BUCKET_SECONDS, ScopeStats
 from onceonly._core.lateness import DUPLICATE_BINS, RAN, UNKNOWN, lateness_bin, max_ttl
 from onceonly.errors import ConfigurationError
 from onceonly.events import Event, EventKind
-from onceonly.types import AdminStore, AsyncAdminStore, Store
+from onceonly.types import AdminStore, AsyncAdminStore, AsyncStore, Store
 
 __all__ = [
     "DuplicateCounter",
@@ -32,33 +33,27 @@ __all__ = [
 log = logging.getLogger("onceonly.admin")
 
 
-def admin_store(store: Any) -> AdminStore:
-    """The :class:`~onceonly.types.AdminStore` side of ``store``.
+def admin_store(store: Store) -> AdminStore:
+    """The :class:`~onceonly.types.AdminStore` side of ``store`` (``store.admin()``).
 
     Args:
-        store: a sync store with an ``admin()`` method (memory, SQLite) or a
-            PostgreSQL store.
+        store: a sync store.
 
     Returns:
         Its admin side.
 
     Raises:
-        ConfigurationError: the store offers no operator access (an async store: open
-            the same URL with ``open_store``).
+        ConfigurationError: the store offers no operator access (Redis), or is an async
+            store (use :class:`~onceonly.AsyncAdmin`).
 
     .. versionadded:: 0.2
     """
-    admin = getattr(store, "admin", None)
-    if callable(admin):
-        found: AdminStore = admin()
-        return found
-    if type(store).__name__ == "PostgresStore":
-        from onceonly.stores.postgres._admin import PostgresAdmin
-
-        return PostgresAdmin(store)
-    raise ConfigurationError(
-        f"{type(store).__name__} has no operator access; open the URL with open_store()"
-    )
+    if inspect.iscoroutinefunction(store.migrate):
+        raise ConfigurationError(
+            f"{type(store).__name__} is an async store: use AsyncAdmin, or open the URL"
+            " with open_store()"
+        )
+    return store.admin()
 
 
 @dataclass(frozen=True)
@@ -131,37 +126,28 @@ class DuplicatePoint:
         return replays / claims if claims else None
 
 
-def admin_store_async(store: Any) -> AsyncAdminStore:
-    """The :class:`~onceonly.types.AsyncAdminStore` side of an async ``store``.
+def admin_store_async(store: AsyncStore) -> AsyncAdminStore:
+    """The :class:`~onceonly.types.AsyncAdminStore` side of an async ``store``
+    (``store.admin()``; on SQLite or memory the sync admin side runs in a thread).
 
     Args:
-        store: an async PostgreSQL store, or an async store opened on SQLite or memory
-            (whose sync admin side then runs in a thread).
+        store: an async store.
 
     Returns:
         Its admin side.
 
     Raises:
-        ConfigurationError: the store offers no operator access.
+        ConfigurationError: the store offers no operator access (Redis), or is a sync
+            store (use :class:`~onceonly.Admin`).
 
     .. versionadded:: 0.2
     """
-    admin = getattr(store, "admin", None)
-    if callable(admin):  # an async store with its own admin side (AsyncTieredStore)
-        found: AsyncAdminStore = admin()
-        return found
-    if type(store).__name__ == "AsyncPostgresStore":
-        from onceonly.stores.postgres._admin_async import AsyncPostgresAdmin
-
-        return AsyncPostgresAdmin(store)
-    sync = getattr(store, "sync", None)
-    if sync is not None:
-        from onceonly.stores._threaded_admin import ThreadedAdmin
-
-        return ThreadedAdmin(admin_store(sync))
-    raise ConfigurationError(
-        f"{type(store).__name__} has no operator access; open the URL with open_async_store()"
-    )
+    if not inspect.iscoroutinefunction(store.migrate):
+        raise ConfigurationError(
+            f"{type(store).__name__} is a sync store: use Admin, or open the URL with"
+            " open_async_store()"
+        )
+    return store.admin()
 
 
 class DuplicateCounter:

@@ -88,9 +88,7 @@ DELIVERY_MARGIN = 5
 
 def default_max_deliveries(inbox: AsyncInbox) -> int:
     """The inbox's ``max_attempts`` plus :data:`DELIVERY_MARGIN`."""
-    policy = getattr(inbox, "policy", None)
-    attempts = getattr(policy, "max_attempts", None)
-    return (attempts if isinstance(attempts, int) else 5) + DELIVERY_MARGIN
+    return inbox.policy.max_attempts + DELIVERY_MARGIN
 
 
 async def pause(stop: asyncio.Event | None, delay: float) -> bool:
@@ -214,7 +212,7 @@ class Deliveries:
             max_deliveries=self.max_deliveries,
             backoff=self.backoff,
             jitter=self.jitter(),
-            cache_errors=getattr(self.inbox, "cache_errors", ()),
+            cache_errors=self.inbox.cache_errors,
             uncounted_retries=uncounted,
         )
 
@@ -390,7 +388,7 @@ def _precounting(inbox: AsyncInbox) -> AsyncInbox:
     """``inbox`` with ``precount_attempts`` on (the same store, consumer and policy), for
     the runs of redelivered messages; ``inbox`` itself when it already precounts or is
     leased (a leased claim counts a crash when it is taken over)."""
-    if getattr(inbox, "mode", None) == "leased" or getattr(inbox, "precount_attempts", True):
+    if inbox.mode == "leased" or inbox.precount_attempts:
         return inbox
     twin = copy.copy(inbox)
     twin.precount_attempts = True

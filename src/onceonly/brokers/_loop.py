@@ -53,6 +53,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from onceonly._core.deadletter import envelope
+from onceonly._core.pool import check_pool_size
 from onceonly._core.settle import MAX_DELIVERIES, Action, Backoff
 from onceonly.brokers._consumer import (
     BatchRunner,
@@ -70,7 +71,6 @@ from onceonly.brokers._consumer_batch import run_batch
 from onceonly.brokers._ids import content_type_of
 from onceonly.brokers._leases import Leases
 from onceonly.brokers._transport import Incoming, Transport
-from onceonly.cli._checks import check_pool
 from onceonly.errors import BrokerUnavailable, ConfigurationError
 from onceonly.inbox import AsyncInbox
 from onceonly.messaging import Delivery
@@ -112,7 +112,7 @@ class ConsumerLoop:
     ) -> None:
         if batch_size < 1 or not batch_wait >= 0:
             raise ConfigurationError("batch_size must be at least 1 and batch_wait >= 0")
-        if batch_size > 1 and getattr(inbox, "mode", None) == "leased":
+        if batch_size > 1 and inbox.mode == "leased":
             raise ConfigurationError("batch_size > 1 needs an inbox in atomic mode (SQL store)")
         self.inbox = inbox
         self.handler = handler
@@ -196,14 +196,12 @@ class ConsumerLoop:
         (each handler, or each batch, holds one for its whole run: the rest wait, then
         time out). The pool is the caller's to size (it may serve other code), so it is
         not resized here."""
-        if self._pool_checked or getattr(self.inbox, "mode", None) == "leased":
+        if self._pool_checked or self.inbox.mode == "leased":
             return
         self._pool_checked = True
-        for finding in check_pool(self.inbox.store, self.transactions):
-            if not finding.ok:
-                self._loop_log.warning(
-                    "%s: %s; %s", self.transport.where, finding.what, finding.fix
-                )
+        found = check_pool_size(self.transactions, self.inbox.store.pool_size)
+        if not found.ok:
+            self._loop_log.warning("%s: %s; %s", self.transport.where, found.what, found.fix)
 
     async def stop(self) -> None:
         """Stop receiving, let running handlers finish and settle (up to

@@ -35,7 +35,14 @@ import asyncio
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from onceonly._core.pool import check_pool_size
+from onceonly._core.urls import redact_url
+from onceonly.types import AsyncStore, Store
+
+if TYPE_CHECKING:
+    from onceonly.stores.postgres import PostgresStore
 
 __all__ = ["Finding", "check_nats", "check_pool", "check_redis", "check_redis_store", "check_store"]
 
@@ -57,22 +64,21 @@ def _pass(check: str, what: str) -> Finding:
     return Finding(check, what, ok=True)
 
 
-def check_store(store: Any) -> list[Finding]:
+def check_store(store: Store) -> list[Finding]:
     """Schema version, clock skew and connection pooling of a sync store."""
     out: list[Finding] = []
-    version = getattr(store, "schema_version", None)
-    if callable(version):
-        found = version()
-        expected = _schema_version(type(store))
+    expected = store.latest_schema_version
+    if expected is not None:
+        found = store.schema_version()
         if found is None:
             out.append(
                 Finding(
                     "schema",
-                    f"the records table {store.table!r} is not migrated",
+                    f"the records table of {redact_url(store.url)} is not migrated",
                     "run store.migrate() (or deploy a migration) before consumers start",
                 )
             )
-        elif expected is not None and found < expected:
+        elif found < expected:
             out.append(
                 Finding(
                     "schema",
@@ -83,24 +89,17 @@ def check_store(store: Any) -> list[Finding]:
             )
         else:
             out.append(_pass("schema", f"schema version {found}"))
-    if getattr(store, "dialect", None) == "postgresql":
-        out += _check_postgres(store)
-    if getattr(store, "dialect", None) == "redis":
-        out += check_redis_store(store.client)
+    if store.dialect == "postgresql":
+        from onceonly.stores.postgres import PostgresStore
+
+        if isinstance(store, PostgresStore):
+            out += _check_postgres(store)
+    elif store.dialect == "redis":
+        from onceonly.stores.redis import RedisStore
+
+        if isinstance(store, RedisStore):
+            out += check_redis_store(store.client)
     return out
-
-
-def _schema_version(cls: type) -> int | None:
-    """The ``SCHEMA_VERSION`` of the module of ``cls`` or of its nearest base that has one
-    (a store over an engine subclasses the store that defines it)."""
-    import sys
-
-    for klass in cls.__mro__:
-        module = sys.modules.get(klass.__module__)
-        expected = getattr(module, "SCHEMA_VERSION", None)
-        if isinstance(expected, int):
-            return expected
-    return None
 
 
 def check_redis_store(client: Any) -> list[Finding]:
@@ -166,7 +165,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _check_postgres(store: Any) -> list[Finding]:
+def _check_postgres(store: PostgresStore) -> list[Finding]:
     from onceonly.stores.postgres._pool import behind_pooler, transaction_pooling
 
     out: list[Finding] = []
@@ -174,6 +173,7 @@ def _check_postgres(store: Any) -> list[Finding]:
         before = time.time()
         row = conn.execute("SELECT date_part('epoch', clock_timestamp())").fetchone()
         after = time.time()
+        assert row is not None  # a SELECT without FROM returns one row
         skew = float(row[0]) - (before + after) / 2
         if abs(skew) > SKEW_LIMIT + (after - before) / 2:
             out.append(
@@ -201,7 +201,7 @@ def _check_postgres(store: Any) -> list[Finding]:
                 " prepare=True, which is safe here",
             )
         )
-    elif getattr(store, "prepare", None):
+    elif store.prepare:
         out.append(
             Finding(
                 "pooling",
@@ -225,26 +225,14 @@ def _check_postgres(store: Any) -> list[Finding]:
     return out
 
 
-def check_pool(store: Any, concurrency: int, pool_size: int | None = None) -> list[Finding]:
-    """Whether the store's pool (``pool_size``, default: the store's own ``max_size``)
-    has a connection for each of ``concurrency`` handlers running at once."""
-    if pool_size is None:
-        pool = getattr(store, "_pool", None)
-        pool_size = getattr(pool, "max_size", None)
-    if pool_size is None:
-        return [_pass("pool", "the store has no connection pool (one connection per use)")]
-    if concurrency > pool_size:
-        return [
-            Finding(
-                "pool",
-                f"consumers run {concurrency} handlers at once but the store's pool has"
-                f" {pool_size} connections: in atomic mode each message holds one, so the"
-                " rest wait for a connection and can time out",
-                f"raise the pool's max_size to at least {concurrency}, or lower the"
-                " consumers' concurrency",
-            )
-        ]
-    return [_pass("pool", f"pool of {pool_size} for {concurrency} concurrent handlers")]
+def check_pool(
+    store: Store | AsyncStore, concurrency: int, pool_size: int | None = None
+) -> list[Finding]:
+    """Whether the store's pool (``pool_size``, default: the store's own
+    ``store.pool_size``) has a connection for each of ``concurrency`` handlers running
+    at once (:func:`onceonly._core.pool.check_pool_size`)."""
+    found = check_pool_size(concurrency, store.pool_size if pool_size is None else pool_size)
+    return [Finding("pool", found.what, found.fix, ok=found.ok)]
 
 
 def check_redis(url: str) -> list[Finding]:

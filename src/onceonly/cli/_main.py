@@ -28,7 +28,6 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from onceonly.errors import (
     BrokerUnavailable,
@@ -139,15 +138,16 @@ def _run_migrate(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from onceonly._core.urls import redact_url
+    from onceonly.cli._store import postgres_store
     from onceonly.stores import open_store
 
     options = {} if args.table is None else {"table": args.table}
     store = open_store(args.url, **options)
     try:
         if args.partitioned:
-            if not hasattr(store, "partitions"):
+            partitioned = postgres_store(store)
+            if partitioned is None:
                 raise CommandError("--partitioned needs a PostgreSQL store")
-            partitioned: Any = store  # a PostgreSQL store
             partitioned.migrate(partitioned=True, period=timedelta(seconds=args.period))
         else:
             store.migrate()

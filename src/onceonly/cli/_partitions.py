@@ -62,10 +62,12 @@ def configure_partitions(sub: Any, url_options: Any, duration: Any, seconds: Any
 def run_partitions(admin: Admin, args: argparse.Namespace, out: TextIO) -> int:
     """Run ``onceonly records partitions``; returns the exit status."""
     from onceonly.cli._main import CommandError
+    from onceonly.cli._store import postgres_store
 
-    partitions = getattr(admin.store, "partitions", None)
-    if partitions is None:
+    store = postgres_store(admin.store)
+    if store is None:
         raise CommandError("partitions exist only on PostgreSQL stores")
+    partitions = store.partitions
     if args.ensure:
         period = None if args.period is None else timedelta(seconds=args.period)
         created = partitions.ensure(period=period, ahead=args.ahead)
@@ -91,7 +93,7 @@ def run_partitions(admin: Admin, args: argparse.Namespace, out: TextIO) -> int:
         for part in partitions.all():
             span = (
                 "DEFAULT"
-                if part.start is None
+                if part.start is None or part.end is None
                 else f"{part.start.isoformat()} .. {part.end.isoformat()}"
             )
             rows = "?" if part.rows < 0 else str(part.rows)

@@ -12,6 +12,7 @@ from typing import Any
 from onceonly._core.state import State
 from onceonly.admin import Admin, StatsReport
 from onceonly.cli._records import parse_duration
+from onceonly.types import Store
 
 __all__ = ["configure_stats", "run_stats"]
 
@@ -30,23 +31,16 @@ def configure_stats(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _outbox_counts(store: Any) -> dict[str, int] | None:
+def _outbox_counts(store: Store) -> dict[str, int] | None:
     """Pending and dead outbox rows (the relay's backlog), or None without an outbox."""
-    if getattr(store, "outbox_table", None) is None:
+    if store.outbox_table is None:
         return None
-    import sqlite3
-
     from onceonly.errors import StoreError
     from onceonly.outbox import Outbox
 
-    missing: tuple[type[BaseException], ...] = (StoreError, sqlite3.OperationalError)
-    if getattr(store, "dialect", None) == "postgresql":
-        import psycopg
-
-        missing += (psycopg.errors.UndefinedTable,)
     try:
         return Outbox(store).counts()
-    except missing:  # no outbox table in this database
+    except StoreError:  # no outbox table in this database (NotMigrated)
         return None
 
 

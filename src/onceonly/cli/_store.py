@@ -15,12 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceonly.errors import ConfigurationError
 from onceonly.types import Store
 
-__all__ = ["add_create_option", "check_sqlite_exists", "open_existing"]
+if TYPE_CHECKING:
+    from onceonly.stores.postgres import PostgresStore
+
+__all__ = ["add_create_option", "check_sqlite_exists", "open_existing", "postgres_store"]
 
 
 def add_create_option(parser: argparse.ArgumentParser) -> None:
@@ -66,3 +69,13 @@ def open_existing(url: str, args: argparse.Namespace | Any, **options: Any) -> S
 
     check_sqlite_exists(url, args)
     return open_store(url, **options)
+
+
+def postgres_store(store: Store) -> PostgresStore | None:
+    """``store`` when it is a PostgreSQL store (partitions, ``migrate(partitioned=)``),
+    else ``None`` (the PostgreSQL extra is imported only for a PostgreSQL store)."""
+    if store.dialect != "postgresql":
+        return None
+    from onceonly.stores.postgres import PostgresStore
+
+    return store if isinstance(store, PostgresStore) else None

@@ -23,47 +23,34 @@ layout (a time-partitioned one is made by ``store.migrate(partitioned=True)``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from onceonly._core.sql import validate_identifier
 from onceonly.errors import ConfigurationError
-from onceonly.stores._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
-from onceonly.stores._outbox_sql import OutboxSQL
 
 __all__ = ["create_tables", "drop_statements", "drop_tables", "schema_statements"]
 
-
-def _dialect(name: str) -> str:
-    name = {"mariadb": "mysql"}.get(name, name)
-    if name not in ("postgresql", "sqlite", "mysql"):
-        raise ConfigurationError(
-            f"no onceonly tables for the {name} dialect (PostgreSQL, SQLite, MariaDB/MySQL)"
-        )
-    return name
+Render = Callable[[str, "str | None"], list[str]]
 
 
-def _bound(statement: str, placeholder: str, *values: str | int) -> str:
-    """``statement`` with its placeholders replaced by literals (identifiers and ints only:
-    names were validated, so no quoting is needed beyond the quotes)."""
-    parts = statement.split(placeholder)
-    assert len(parts) == len(values) + 1
-    out = parts[0]
-    for value, part in zip(values, parts[1:], strict=True):
-        out += (str(value) if isinstance(value, int) else f"'{value}'") + part
-    return out
-
-
-def _versions(dialect: str, table: str, outbox_table: str | None) -> list[tuple[str, int]]:
+def _backend(dialect: str) -> tuple[Render, Render]:
+    """The ``schema_statements`` and ``drop_statements`` of the store package whose
+    database ``dialect`` is (its public face)."""
     if dialect == "sqlite":
-        from onceonly.stores.sqlite._store import SCHEMA_VERSION
-    elif dialect == "mysql":
-        from onceonly.stores.mysql._sql import SCHEMA_VERSION
-    else:
-        from onceonly.stores.postgres._schema import SCHEMA_VERSION
-    rows = [(f"records:{table}", SCHEMA_VERSION)]
-    if outbox_table is not None:
-        rows.append((f"outbox:{outbox_table}", OUTBOX_SCHEMA_VERSION))
-    return rows
+        from onceonly.stores import sqlite
+
+        return sqlite.schema_statements, sqlite.drop_statements
+    if dialect == "postgresql":
+        from onceonly.stores import postgres
+
+        return postgres.schema_statements, postgres.drop_statements
+    if dialect in ("mysql", "mariadb"):
+        from onceonly.stores import mysql
+
+        return mysql.schema_statements, mysql.drop_statements
+    raise ConfigurationError(
+        f"no onceonly tables for the {dialect} dialect (PostgreSQL, SQLite, MariaDB/MySQL)"
+    )
 
 
 def schema_statements(
@@ -75,31 +62,7 @@ def schema_statements(
     Raises:
         ConfigurationError: another dialect, or a bad table name.
     """
-    dialect = _dialect(dialect)
-    validate_identifier(table)
-    if outbox_table is not None:
-        validate_identifier(outbox_table)
-    versions = _versions(dialect, table, outbox_table)
-    if dialect == "sqlite":
-        from onceonly.stores.sqlite._store import SCHEMA_UPSERT, schema_ddl
-
-        return schema_ddl(table, outbox_table) + [_bound(SCHEMA_UPSERT, "?", *v) for v in versions]
-    if dialect == "mysql":
-        from onceonly.stores.mysql._sql import SCHEMA_DDL, records_ddl
-        from onceonly.stores.mysql._sql import SCHEMA_UPSERT as MYSQL_UPSERT
-
-        ddl = [SCHEMA_DDL, records_ddl(table)]
-        if outbox_table is not None:
-            ddl += OutboxSQL("mysql", outbox_table).migrate()
-        return ddl + [_bound(MYSQL_UPSERT, "%s", *v) for v in versions]
-    from onceonly.stores.postgres._sql import _records_ddl, schema_table_ddl, version_upsert
-
-    pg = [schema_table_ddl().as_string(None)]
-    pg += [ddl.as_string(None) for ddl in _records_ddl(table)]
-    if outbox_table is not None:
-        pg += OutboxSQL("postgresql", outbox_table).migrate()
-    upsert = version_upsert().as_string(None)
-    return pg + [_bound(upsert, "%s", *v) for v in versions]
+    return _backend(dialect)[0](table, outbox_table)
 
 
 def drop_statements(
@@ -107,15 +70,7 @@ def drop_statements(
 ) -> list[str]:
     """Undo :func:`schema_statements` (the ``onceonly_schema`` table stays: other
     tables' rows may be in it)."""
-    dialect = _dialect(dialect)
-    quote = "`" if dialect == "mysql" else '"'
-    drops = [f"DROP TABLE IF EXISTS {quote}{validate_identifier(table)}{quote}"]
-    if outbox_table is not None:
-        drops += OutboxSQL(dialect, outbox_table).drop()
-    components = ", ".join(
-        f"'{component}'" for component, _ in _versions(dialect, table, outbox_table)
-    )
-    return [*drops, f"DELETE FROM onceonly_schema WHERE component IN ({components})"]
+    return _backend(dialect)[1](table, outbox_table)
 
 
 def _run(op: Any, statements: list[str]) -> None:

@@ -29,7 +29,7 @@ import logging
 import secrets
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -38,16 +38,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from onceonly._core.admin import redrive_decision
 from onceonly._core.lateness import BIN_LABELS, DUPLICATE_BINS, HALF_TTL, NEAR_TTL, UNKNOWN
-from onceonly._core.state import Record, State
-from onceonly._runtime import new_token
+from onceonly._core.state import State
 from onceonly.admin import AsyncAdmin, LatenessReport
 from onceonly.dashboard import _views
 from onceonly.dashboard._auth import COOKIE, SESSION_SECONDS, Auth, Verdict
 from onceonly.errors import (
     ConfigurationError,
-    InFlight,
     NotMigrated,
     StoreError,
     StoreMisconfigured,
@@ -687,41 +684,22 @@ class Dashboard:
         age = _views.parse_age(filters.age) if filters.age else 0.0
         return await self.admin.clock() - age
 
-    async def _counted(self, filters: _views.Filters, before: float) -> AsyncIterator[Record]:
+    async def _count(self, filters: _views.Filters, before: float) -> int:
         """The records of a filtered redrive's set: matching now, last written at or
         before ``before`` (records that died since are not in it)."""
-        async for record in self.admin.iter_records(filters.query(limit=500)):
-            if record.updated_at <= before:
-                yield record
-
-    async def _count(self, filters: _views.Filters, before: float) -> int:
-        return sum([1 async for _ in self._counted(filters, before)])
+        return await self.admin.redrive_matching(
+            filters.query(limit=500), dry_run=True, before=before
+        )
 
     async def _redrive_counted(
         self, filters: _views.Filters, before: float, expect: int
     ) -> int | None:
         """Redrive the set a dry run counted (``expect`` records up to ``before``), each
         write fenced on the version read; ``None`` (nothing written) when the set is not
-        that size any more. Records only leave the set (a worker or an operator wrote
-        them), so a set of the same size is the same set."""
-        if await self._count(filters, before) != expect:
-            return None
-        done = 0
-        async for record in self._counted(filters, before):
-            if await self._redrive_read(record):
-                done += 1
-        return done
-
-    async def _redrive_read(self, record: Record) -> bool:
-        """Redrive ``record`` if it is still the version read (a worker wins)."""
-        decision = redrive_decision(record, new_token())
-        if decision is None:
-            return False
-        try:
-            async with self.store.transaction(lock_wait=self.admin.lock_wait) as s:
-                return await s.update(record.scope, record.key, *decision) is not None
-        except InFlight:
-            return False
+        that size any more (:meth:`~onceonly.AsyncAdmin.redrive_matching`)."""
+        return await self.admin.redrive_matching(
+            filters.query(limit=500), before=before, expect=expect
+        )
 
     def _recount(self, request: Request, filters: _views.Filters) -> str:
         return self.url(request, "redrive", filters.params(after=""))

@@ -40,6 +40,7 @@ from onceonly.errors import (
 from onceonly.events import Listener
 from onceonly.http._common import Settings, log, problem_for
 from onceonly.inbox import AsyncInbox, AsyncTx, Inbox, Tx
+from onceonly.types import AsyncStore, Store
 
 __all__ = [
     "NotStored",
@@ -77,14 +78,14 @@ class Redirected(BaseException):
 
 
 def inbox_options(
-    store: object,
+    store: Store | AsyncStore,
     step: core.Proceed,
     settings: Settings,
     rule: core.RouteRule,
     fp: str,
     listeners: Iterable[Listener] = (),
 ) -> dict[str, Any]:
-    if not getattr(store, "atomic", False):
+    if not store.atomic:
         raise ConfigurationError(
             f"atomic HTTP routes need a SQL store, not {type(store).__name__}; "
             "drop atomic=True to use leased mode"

@@ -23,26 +23,18 @@ from onceonly.errors import ConfigurationError, InvalidKey
 from onceonly.keys import uuid7
 from onceonly.messaging import OutboxMessage
 from onceonly.outbox._errors import store_errors
-from onceonly.stores._outbox_sql import SCHEMA_VERSION, OutboxSQL
-from onceonly.types import Session, Store
+from onceonly.types import OutboxStatements, Params, Session, Store
 
 __all__ = ["Outbox", "OutboxRow"]
 
 DEFAULT_TABLE = "onceonly_outbox"
 
 
-def outbox_sql(store: Any, table: str | None) -> OutboxSQL:
-    """The outbox statements for ``store``'s dialect; ConfigurationError if it has none.
-
-    ``table`` defaults to the store's ``outbox_table`` (the one ``migrate()`` creates).
-    """
-    dialect = getattr(store, "dialect", None)
-    if dialect not in ("sqlite", "postgresql", "mysql"):
-        raise ConfigurationError(
-            "the outbox needs a SQL store (SQLite, PostgreSQL, MariaDB/MySQL), "
-            f"not {type(store).__name__}"
-        )
-    return OutboxSQL(dialect, table or getattr(store, "outbox_table", None) or DEFAULT_TABLE)
+def outbox_sql(store: Store, table: str | None) -> OutboxStatements:
+    """The statements of the outbox table ``table`` in ``store``'s SQL (ConfigurationError
+    for a store without SQL). ``table`` defaults to the store's ``outbox_table`` (the one
+    ``migrate()`` creates), else ``onceonly_outbox``."""
+    return store.outbox_statements(table or store.outbox_table or DEFAULT_TABLE)
 
 
 def _headers(headers: Mapping[str, str] | None) -> str | None:
@@ -63,10 +55,10 @@ class OutboxRow:
     last_error: str | None
 
 
-def _execute(session: Session, statement: str, params: Any = None) -> Any:
-    """Run one of the outbox's own statements, its driver errors translated (a missing
-    table: NotMigrated; transient: StoreUnavailable; others: StoreError)."""
-    with store_errors():
+def _execute(store: Store, session: Session, statement: str, params: Params = None) -> Any:
+    """Run one of the outbox's own statements, its driver errors translated by ``store``
+    (a missing table: NotMigrated; transient: StoreUnavailable; others: StoreError)."""
+    with store_errors(store):
         return session.execute(statement, params)
 
 
@@ -88,7 +80,7 @@ class Outbox:
     """Writes messages into the outbox table inside the caller's transaction.
 
     Args:
-        store: a SQLite or PostgreSQL store.
+        store: a SQL store (SQLite, PostgreSQL, MariaDB/MySQL).
         table: the outbox table name (default: the store's ``outbox_table``).
         ordered: take a per-key lock on insert so a key's messages are published in
             commit order (relays must run with ``ordered=True`` too).
@@ -112,40 +104,11 @@ class Outbox:
 
     def migrate(self) -> None:
         """Create the outbox table (and on PostgreSQL its NOTIFY trigger); repeatable."""
-        if self.sql.dialect == "mysql":  # DDL commits on its own there: no transaction
-            with self.store.session() as session:
-                for statement in self.sql.migrate():
-                    _execute(session, statement)
-                _execute(
-                    session,
-                    "CREATE TABLE IF NOT EXISTS onceonly_schema"
-                    " (component VARCHAR(255) NOT NULL PRIMARY KEY, version INT NOT NULL)",
-                )
-                _execute(
-                    session,
-                    "INSERT INTO onceonly_schema (component, version) VALUES (?, ?)"
-                    " ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version))",
-                    (f"outbox:{self.sql.table}", SCHEMA_VERSION),
-                )
-            return
-        with self.store.transaction() as session:
-            if self.sql.dialect == "postgresql":  # one migrator at a time
-                session.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))",
-                    (f"onceonly:{self.sql.table}",),
-                )
-            for statement in self.sql.migrate():
-                session.execute(statement)
-            session.execute(
-                "CREATE TABLE IF NOT EXISTS onceonly_schema"
-                " (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
-            )
-            session.execute(
-                "INSERT INTO onceonly_schema (component, version) VALUES (?, ?)"
-                " ON CONFLICT (component) DO UPDATE SET version = excluded.version"
-                " WHERE excluded.version > onceonly_schema.version",
-                (f"outbox:{self.sql.table}", SCHEMA_VERSION),
-            )
+        # MariaDB/MySQL: DDL commits on its own there, so no transaction
+        opener = self.store.transaction if self.sql.transactional_ddl else self.store.session
+        with opener() as session:
+            for statement, params in self.sql.migration():
+                _execute(self.store, session, statement, params)
 
     def prepare(
         self,
@@ -172,19 +135,9 @@ class Outbox:
     def write(self, session: Session, message: OutboxMessage) -> str:
         """Insert ``message`` through ``session`` (already inside a transaction)."""
         headers = _headers(message.headers)
-        lock = self.ordered and message.key is not None
-        params: tuple[Any, ...] = (
-            message.id,
-            message.topic,
-            message.key,
-            message.payload,
-            headers,
-        )
-        if lock and self.sql.dialect == "postgresql":
-            params = (message.key, *params)
-        elif lock and self.sql.dialect == "mysql":
-            session.execute(self.sql.lock_key(), (message.key,))
-        session.execute(self.sql.insert(lock_key=lock), params)
+        values = (message.id, message.topic, message.key, message.payload, headers)
+        for statement, params in self.sql.insert(values, message.key if self.ordered else None):
+            session.execute(statement, params)
         return message.id
 
     def publish(
@@ -224,7 +177,7 @@ class Outbox:
         if state not in ("pending", "dead"):
             raise ConfigurationError(f"unknown outbox state {state!r}")
         with self.store.session() as session:
-            cur = _execute(session, self.sql.list_rows(), (state, limit))
+            cur = _execute(self.store, session, self.sql.list_rows(), (state, limit))
             found = cur.fetchall()
         return [OutboxRow(row_message(r), r[8]) for r in found]
 
@@ -236,16 +189,16 @@ class Outbox:
         """
         with self.store.transaction() as session:
             if message_id is None:
-                cur = _execute(session, self.sql.redrive(all_dead=True))
+                cur = _execute(self.store, session, self.sql.redrive(all_dead=True))
             else:
-                cur = _execute(session, self.sql.redrive(all_dead=False), (message_id,))
+                cur = _execute(self.store, session, self.sql.redrive(all_dead=False), (message_id,))
             count = int(cur.rowcount)
         return count
 
     def counts(self) -> dict[str, int]:
         """How many rows are pending and dead."""
         with self.store.session() as session:
-            cur = _execute(session, self.sql.counts())
+            cur = _execute(self.store, session, self.sql.counts())
             found = cur.fetchall()
         out = {"pending": 0, "dead": 0}
         out.update({str(state): int(n) for state, n in found})

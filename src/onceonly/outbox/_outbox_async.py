@@ -22,26 +22,18 @@ from onceonly.errors import ConfigurationError, InvalidKey
 from onceonly.keys import uuid7
 from onceonly.messaging import OutboxMessage
 from onceonly.outbox._errors import store_errors
-from onceonly.stores._outbox_sql import SCHEMA_VERSION, OutboxSQL
-from onceonly.types import AsyncSession, AsyncStore
+from onceonly.types import AsyncSession, AsyncStore, OutboxStatements, Params
 
 __all__ = ["AsyncOutbox", "OutboxRow"]
 
 DEFAULT_TABLE = "onceonly_outbox"
 
 
-def outbox_sql(store: Any, table: str | None) -> OutboxSQL:
-    """The outbox statements for ``store``'s dialect; ConfigurationError if it has none.
-
-    ``table`` defaults to the store's ``outbox_table`` (the one ``migrate()`` creates).
-    """
-    dialect = getattr(store, "dialect", None)
-    if dialect not in ("sqlite", "postgresql", "mysql"):
-        raise ConfigurationError(
-            "the outbox needs a SQL store (SQLite, PostgreSQL, MariaDB/MySQL), "
-            f"not {type(store).__name__}"
-        )
-    return OutboxSQL(dialect, table or getattr(store, "outbox_table", None) or DEFAULT_TABLE)
+def outbox_sql(store: AsyncStore, table: str | None) -> OutboxStatements:
+    """The statements of the outbox table ``table`` in ``store``'s SQL (ConfigurationError
+    for a store without SQL). ``table`` defaults to the store's ``outbox_table`` (the one
+    ``migrate()`` creates), else ``onceonly_outbox``."""
+    return store.outbox_statements(table or store.outbox_table or DEFAULT_TABLE)
 
 
 def _headers(headers: Mapping[str, str] | None) -> str | None:
@@ -62,10 +54,12 @@ class OutboxRow:
     last_error: str | None
 
 
-async def _execute(session: AsyncSession, statement: str, params: Any = None) -> Any:
-    """Run one of the outbox's own statements, its driver errors translated (a missing
-    table: NotMigrated; transient: StoreUnavailable; others: StoreError)."""
-    with store_errors():
+async def _execute(
+    store: AsyncStore, session: AsyncSession, statement: str, params: Params = None
+) -> Any:
+    """Run one of the outbox's own statements, its driver errors translated by ``store``
+    (a missing table: NotMigrated; transient: StoreUnavailable; others: StoreError)."""
+    with store_errors(store):
         return await session.execute(statement, params)
 
 
@@ -87,7 +81,7 @@ class AsyncOutbox:
     """Writes messages into the outbox table inside the caller's transaction.
 
     Args:
-        store: a SQLite or PostgreSQL store.
+        store: a SQL store (SQLite, PostgreSQL, MariaDB/MySQL).
         table: the outbox table name (default: the store's ``outbox_table``).
         ordered: take a per-key lock on insert so a key's messages are published in
             commit order (relays must run with ``ordered=True`` too).
@@ -111,40 +105,11 @@ class AsyncOutbox:
 
     async def migrate(self) -> None:
         """Create the outbox table (and on PostgreSQL its NOTIFY trigger); repeatable."""
-        if self.sql.dialect == "mysql":  # DDL commits on its own there: no transaction
-            async with self.store.session() as session:
-                for statement in self.sql.migrate():
-                    await _execute(session, statement)
-                await _execute(
-                    session,
-                    "CREATE TABLE IF NOT EXISTS onceonly_schema"
-                    " (component VARCHAR(255) NOT NULL PRIMARY KEY, version INT NOT NULL)",
-                )
-                await _execute(
-                    session,
-                    "INSERT INTO onceonly_schema (component, version) VALUES (?, ?)"
-                    " ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version))",
-                    (f"outbox:{self.sql.table}", SCHEMA_VERSION),
-                )
-            return
-        async with self.store.transaction() as session:
-            if self.sql.dialect == "postgresql":  # one migrator at a time
-                await session.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))",
-                    (f"onceonly:{self.sql.table}",),
-                )
-            for statement in self.sql.migrate():
-                await session.execute(statement)
-            await session.execute(
-                "CREATE TABLE IF NOT EXISTS onceonly_schema"
-                " (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
-            )
-            await session.execute(
-                "INSERT INTO onceonly_schema (component, version) VALUES (?, ?)"
-                " ON CONFLICT (component) DO UPDATE SET version = excluded.version"
-                " WHERE excluded.version > onceonly_schema.version",
-                (f"outbox:{self.sql.table}", SCHEMA_VERSION),
-            )
+        # MariaDB/MySQL: DDL commits on its own there, so no transaction
+        opener = self.store.transaction if self.sql.transactional_ddl else self.store.session
+        async with opener() as session:
+            for statement, params in self.sql.migration():
+                await _execute(self.store, session, statement, params)
 
     def prepare(
         self,
@@ -171,19 +136,9 @@ class AsyncOutbox:
     async def write(self, session: AsyncSession, message: OutboxMessage) -> str:
         """Insert ``message`` through ``session`` (already inside a transaction)."""
         headers = _headers(message.headers)
-        lock = self.ordered and message.key is not None
-        params: tuple[Any, ...] = (
-            message.id,
-            message.topic,
-            message.key,
-            message.payload,
-            headers,
-        )
-        if lock and self.sql.dialect == "postgresql":
-            params = (message.key, *params)
-        elif lock and self.sql.dialect == "mysql":
-            await session.execute(self.sql.lock_key(), (message.key,))
-        await session.execute(self.sql.insert(lock_key=lock), params)
+        values = (message.id, message.topic, message.key, message.payload, headers)
+        for statement, params in self.sql.insert(values, message.key if self.ordered else None):
+            await session.execute(statement, params)
         return message.id
 
     async def publish(
@@ -223,7 +178,7 @@ class AsyncOutbox:
         if state not in ("pending", "dead"):
             raise ConfigurationError(f"unknown outbox state {state!r}")
         async with self.store.session() as session:
-            cur = await _execute(session, self.sql.list_rows(), (state, limit))
+            cur = await _execute(self.store, session, self.sql.list_rows(), (state, limit))
             found = await cur.fetchall()
         return [OutboxRow(row_message(r), r[8]) for r in found]
 
@@ -235,16 +190,18 @@ class AsyncOutbox:
         """
         async with self.store.transaction() as session:
             if message_id is None:
-                cur = await _execute(session, self.sql.redrive(all_dead=True))
+                cur = await _execute(self.store, session, self.sql.redrive(all_dead=True))
             else:
-                cur = await _execute(session, self.sql.redrive(all_dead=False), (message_id,))
+                cur = await _execute(
+                    self.store, session, self.sql.redrive(all_dead=False), (message_id,)
+                )
             count = int(cur.rowcount)
         return count
 
     async def counts(self) -> dict[str, int]:
         """How many rows are pending and dead."""
         async with self.store.session() as session:
-            cur = await _execute(session, self.sql.counts())
+            cur = await _execute(self.store, session, self.sql.counts())
             found = await cur.fetchall()
         out = {"pending": 0, "dead": 0}
         out.update({str(state): int(n) for state, n in found})

@@ -9,13 +9,14 @@ the consumer's inbox deduplicates it by its id. A row whose publish fails is ret
 with capped exponential backoff and jitter; after ``max_attempts`` it is ``dead``, kept
 for an operator to list and redrive.
 
-Claiming (see ``_outbox_sql``): on PostgreSQL the batch is held with ``FOR UPDATE SKIP
-LOCKED`` in one transaction while it is published, so relays side by side never take
-the same rows; on SQLite it is leased. PostgreSQL relays sleep on LISTEN between polls
-(the insert trigger NOTIFYs); the poll still runs every ``poll_interval``, so a lost
-notification costs latency, never a message. Through transaction pooling (PgBouncer
-``pool_mode=transaction``), where LISTEN cannot work, they poll with backoff instead
-(``relay_wake``), said once at start.
+Claiming (the store's :class:`~onceonly.types.OutboxStatements`): on PostgreSQL and
+MariaDB/MySQL the batch is held with ``FOR UPDATE SKIP LOCKED`` in one transaction while
+it is published, so relays side by side never take the same rows; on SQLite it is
+leased. Where the store sends notifications (PostgreSQL: the insert trigger NOTIFYs)
+relays sleep on the store's listener between polls; the poll still runs every
+``poll_interval``, so a lost notification costs latency, never a message. Through
+transaction pooling (PgBouncer ``pool_mode=transaction``), where LISTEN cannot work,
+they poll with backoff instead (``_wake``), said once at start.
 
 ``stop()`` is graceful: the batch in hand is finished (published and settled), nothing
 new is claimed, and nothing is published half-way.
@@ -52,8 +53,14 @@ from onceonly.errors import StoreUnavailable
 from onceonly.messaging import OutboxMessage, Publisher
 from onceonly.outbox._errors import store_errors as _store_errors
 from onceonly.outbox._outbox import outbox_sql, row_message
-from onceonly.outbox._wake import close_listener, listen, renew_pool, wait_for_notify
-from onceonly.types import Session, Store
+from onceonly.outbox._wake import (
+    Polling,
+    close_listener,
+    listen,
+    renew_connections,
+    wait_for_notify,
+)
+from onceonly.types import Listener, Session, Store
 
 __all__ = ["Relay", "RelayStats"]
 
@@ -88,7 +95,7 @@ class Relay:
     """Publishes outbox rows to ``publisher``.
 
     Args:
-        store: the SQLite or PostgreSQL store that holds the outbox.
+        store: the SQL store that holds the outbox (SQLite, PostgreSQL, MariaDB/MySQL).
         publisher: an :class:`~onceonly.messaging.Publisher`.
         table: the outbox table (default: the store's ``outbox_table``).
         batch_size: rows claimed at once.
@@ -141,7 +148,7 @@ class Relay:
         self.ordered = ordered
         self.lease = lease
         self.concurrency = concurrency
-        self.listen = listen and self.sql.dialect == "postgresql"
+        self.listen = listen and self.sql.channel is not None
         self.reconnect_base = reconnect_base
         self.reconnect_cap = reconnect_cap
         self.stats = RelayStats()
@@ -163,11 +170,9 @@ class Relay:
                 already confirmed are deleted without a second publish when this relay
                 claims them again. Call again later (:meth:`run` does, with backoff).
         """
-        with _store_errors():
-            if self.sql.dialect in ("postgresql", "mysql"):
-                stats = self._run_locked_batch()
-            else:
-                stats = self._run_leased_batch()
+        with _store_errors(self.store):
+            run = self._run_leased_batch if self.sql.leases else self._run_locked_batch
+            stats = run()
         self.stats.add(stats)
         return stats
 
@@ -179,13 +184,9 @@ class Relay:
                 return RelayStats()
             results = self._publish_all([row_message(r) for r in rows])
             done = [int(r[0]) for r, err in zip(rows, results, strict=True) if err is None]
-            if self.sql.dialect == "mysql":
-                # One primary-key lookup per row: InnoDB may run a multi-row delete as a
-                # scan, which waits for rows another relay holds (and deadlocks with it).
-                for seq in done:
-                    session.execute(self.sql.delete(1), (seq,))
-            elif done:
-                session.execute(self.sql.delete(len(done)), (done,))
+            if done:
+                for statement, params in self.sql.delete(done, None):
+                    session.execute(statement, params)
             stats = self._settle_failures(session, rows, results, token=None)
         self._forget(rows, results)  # committed: the deletes are durable
         return stats
@@ -203,12 +204,14 @@ class Relay:
         done = [int(r[0]) for r, err in zip(rows, results, strict=True) if err is None]
         with self.store.transaction() as session:
             if done:
-                cur = session.execute(self.sql.delete(len(done)), (token, *done))
-                if cur.rowcount != len(done):
+                deleted = 0
+                for statement, params in self.sql.delete(done, token):
+                    deleted += (session.execute(statement, params)).rowcount
+                if deleted != len(done):
                     log.warning(
                         "%d published rows were no longer leased to this relay (lease %.1fs "
                         "too short?); they may be published again",
-                        len(done) - cur.rowcount,
+                        len(done) - deleted,
                         self.lease,
                     )
             stats = self._settle_failures(session, rows, results, token=token)
@@ -356,14 +359,15 @@ class Relay:
         if connect is not None:
             connect()
         self._stopping = False
-        listener: Any = None
+        channel = self.sql.channel if self.listen else None
+        listener: Listener | Polling | None = None
         failures = 0  # consecutive database failures: the current outage
         since = 0.0
         try:
             while not self._stopping:
                 try:
-                    if self.listen and listener is None:
-                        listener = listen(self.store, self.sql.channel)
+                    if channel is not None and listener is None:
+                        listener = listen(self.store, channel)
                     batch = self.run_once()
                     if failures:
                         log.info(
@@ -389,7 +393,7 @@ class Relay:
                         )
                     else:
                         log.debug("outbox relay: retry %d failed: %s", failures, exc)
-                    renew_pool(self.store, self.sql.dialect)
+                    renew_connections(self.store)
                     self._pause(
                         backoff_delay(
                             failures,
@@ -411,7 +415,7 @@ class Relay:
                 return
             _runtime.sleep(min(remaining, 0.2))
 
-    def _idle(self, listener: Any, *, busy: bool = False) -> None:
+    def _idle(self, listener: Listener | Polling | None, *, busy: bool = False) -> None:
         """Wait up to ``poll_interval`` for a NOTIFY (or just sleep; or, polling where
         LISTEN cannot work, its backoff delay), waking for stop()."""
         if listener is None:

@@ -8,13 +8,14 @@ the consumer's inbox deduplicates it by its id. A row whose publish fails is ret
 with capped exponential backoff and jitter; after ``max_attempts`` it is ``dead``, kept
 for an operator to list and redrive.
 
-Claiming (see ``_outbox_sql``): on PostgreSQL the batch is held with ``FOR UPDATE SKIP
-LOCKED`` in one transaction while it is published, so relays side by side never take
-the same rows; on SQLite it is leased. PostgreSQL relays sleep on LISTEN between polls
-(the insert trigger NOTIFYs); the poll still runs every ``poll_interval``, so a lost
-notification costs latency, never a message. Through transaction pooling (PgBouncer
-``pool_mode=transaction``), where LISTEN cannot work, they poll with backoff instead
-(``relay_wake``), said once at start.
+Claiming (the store's :class:`~onceonly.types.OutboxStatements`): on PostgreSQL and
+MariaDB/MySQL the batch is held with ``FOR UPDATE SKIP LOCKED`` in one transaction while
+it is published, so relays side by side never take the same rows; on SQLite it is
+leased. Where the store sends notifications (PostgreSQL: the insert trigger NOTIFYs)
+relays sleep on the store's listener between polls; the poll still runs every
+``poll_interval``, so a lost notification costs latency, never a message. Through
+transaction pooling (PgBouncer ``pool_mode=transaction``), where LISTEN cannot work,
+they poll with backoff instead (``_wake_async``), said once at start.
 
 ``stop()`` is graceful: the batch in hand is finished (published and settled), nothing
 new is claimed, and nothing is published half-way.
@@ -51,8 +52,14 @@ from onceonly.errors import StoreUnavailable
 from onceonly.messaging import AsyncPublisher, OutboxMessage
 from onceonly.outbox._errors import store_errors as _store_errors
 from onceonly.outbox._outbox_async import outbox_sql, row_message
-from onceonly.outbox._wake_async import close_listener, listen, renew_pool, wait_for_notify
-from onceonly.types import AsyncSession, AsyncStore
+from onceonly.outbox._wake_async import (
+    Polling,
+    close_listener,
+    listen,
+    renew_connections,
+    wait_for_notify,
+)
+from onceonly.types import AsyncListener, AsyncSession, AsyncStore
 
 __all__ = ["AsyncRelay", "RelayStats"]
 
@@ -87,7 +94,7 @@ class AsyncRelay:
     """Publishes outbox rows to ``publisher``.
 
     Args:
-        store: the SQLite or PostgreSQL store that holds the outbox.
+        store: the SQL store that holds the outbox (SQLite, PostgreSQL, MariaDB/MySQL).
         publisher: an :class:`~onceonly.messaging.AsyncPublisher`.
         table: the outbox table (default: the store's ``outbox_table``).
         batch_size: rows claimed at once.
@@ -140,7 +147,7 @@ class AsyncRelay:
         self.ordered = ordered
         self.lease = lease
         self.concurrency = concurrency
-        self.listen = listen and self.sql.dialect == "postgresql"
+        self.listen = listen and self.sql.channel is not None
         self.reconnect_base = reconnect_base
         self.reconnect_cap = reconnect_cap
         self.stats = RelayStats()
@@ -162,11 +169,9 @@ class AsyncRelay:
                 already confirmed are deleted without a second publish when this relay
                 claims them again. Call again later (:meth:`run` does, with backoff).
         """
-        with _store_errors():
-            if self.sql.dialect in ("postgresql", "mysql"):
-                stats = await self._run_locked_batch()
-            else:
-                stats = await self._run_leased_batch()
+        with _store_errors(self.store):
+            run = self._run_leased_batch if self.sql.leases else self._run_locked_batch
+            stats = await run()
         self.stats.add(stats)
         return stats
 
@@ -178,13 +183,9 @@ class AsyncRelay:
                 return RelayStats()
             results = await self._publish_all([row_message(r) for r in rows])
             done = [int(r[0]) for r, err in zip(rows, results, strict=True) if err is None]
-            if self.sql.dialect == "mysql":
-                # One primary-key lookup per row: InnoDB may run a multi-row delete as a
-                # scan, which waits for rows another relay holds (and deadlocks with it).
-                for seq in done:
-                    await session.execute(self.sql.delete(1), (seq,))
-            elif done:
-                await session.execute(self.sql.delete(len(done)), (done,))
+            if done:
+                for statement, params in self.sql.delete(done, None):
+                    await session.execute(statement, params)
             stats = await self._settle_failures(session, rows, results, token=None)
         self._forget(rows, results)  # committed: the deletes are durable
         return stats
@@ -202,12 +203,14 @@ class AsyncRelay:
         done = [int(r[0]) for r, err in zip(rows, results, strict=True) if err is None]
         async with self.store.transaction() as session:
             if done:
-                cur = await session.execute(self.sql.delete(len(done)), (token, *done))
-                if cur.rowcount != len(done):
+                deleted = 0
+                for statement, params in self.sql.delete(done, token):
+                    deleted += (await session.execute(statement, params)).rowcount
+                if deleted != len(done):
                     log.warning(
                         "%d published rows were no longer leased to this relay (lease %.1fs "
                         "too short?); they may be published again",
-                        len(done) - cur.rowcount,
+                        len(done) - deleted,
                         self.lease,
                     )
             stats = await self._settle_failures(session, rows, results, token=token)
@@ -355,14 +358,15 @@ class AsyncRelay:
         if connect is not None:
             await connect()
         self._stopping = False
-        listener: Any = None
+        channel = self.sql.channel if self.listen else None
+        listener: AsyncListener | Polling | None = None
         failures = 0  # consecutive database failures: the current outage
         since = 0.0
         try:
             while not self._stopping:
                 try:
-                    if self.listen and listener is None:
-                        listener = await listen(self.store, self.sql.channel)
+                    if channel is not None and listener is None:
+                        listener = await listen(self.store, channel)
                     batch = await self.run_once()
                     if failures:
                         log.info(
@@ -388,7 +392,7 @@ class AsyncRelay:
                         )
                     else:
                         log.debug("outbox relay: retry %d failed: %s", failures, exc)
-                    await renew_pool(self.store, self.sql.dialect)
+                    await renew_connections(self.store)
                     await self._pause(
                         backoff_delay(
                             failures,
@@ -410,7 +414,7 @@ class AsyncRelay:
                 return
             await _runtime.asleep(min(remaining, 0.2))
 
-    async def _idle(self, listener: Any, *, busy: bool = False) -> None:
+    async def _idle(self, listener: AsyncListener | Polling | None, *, busy: bool = False) -> None:
         """Wait up to ``poll_interval`` for a NOTIFY (or just sleep; or, polling where
         LISTEN cannot work, its backoff delay), waking for stop()."""
         if listener is None:

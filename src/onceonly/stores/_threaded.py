@@ -25,11 +25,20 @@ import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from onceonly._core.state import Expect, Record, Write
-from onceonly.errors import ConfigurationError
-from onceonly.types import Params, Session, Snapshot, Store, TxHealth
+from onceonly.errors import ConfigurationError, OnceOnlyError
+from onceonly.stores._threaded_admin import ThreadedAdmin
+from onceonly.types import (
+    AsyncListener,
+    OutboxStatements,
+    Params,
+    Session,
+    Snapshot,
+    Store,
+    TxHealth,
+)
 
 __all__ = ["ThreadedAsyncStore"]
 
@@ -108,9 +117,10 @@ class ThreadedAsyncStore:
         self.sync = store
         self.url = store.url
         self.atomic = store.atomic
-        self.dialect: str = getattr(store, "dialect", "memory")
-        self.table: str | None = getattr(store, "table", None)
-        self.outbox_table: str | None = getattr(store, "outbox_table", None)
+        self.dialect = store.dialect
+        self.table: str | None = getattr(store, "table", None)  # a SQL store's records table
+        self.outbox_table = store.outbox_table
+        self.latest_schema_version = store.latest_schema_version
 
     @property
     def connection_source(self) -> Hashable:
@@ -122,6 +132,34 @@ class ThreadedAsyncStore:
 
     async def migrate(self) -> None:
         await asyncio.to_thread(self.sync.migrate)
+
+    async def schema_version(self) -> int | None:
+        return await asyncio.to_thread(self.sync.schema_version)
+
+    @property
+    def pool_size(self) -> int | None:
+        """The wrapped store's."""
+        return self.sync.pool_size
+
+    def admin(self) -> ThreadedAdmin:
+        """The wrapped store's operator access, each call in a worker thread."""
+        return ThreadedAdmin(self.sync.admin())
+
+    def outbox_statements(self, table: str) -> OutboxStatements:
+        """The wrapped store's."""
+        return self.sync.outbox_statements(table)
+
+    def translate(self, exc: BaseException) -> OnceOnlyError | None:
+        """The wrapped store's (the statements run on its connections)."""
+        return self.sync.translate(exc)
+
+    async def listen(self, channel: str) -> AsyncListener | None:
+        """``None``: the relay polls (the wrapped stores, SQLite and memory, send no
+        notifications)."""
+        return None
+
+    async def renew_connections(self) -> None:
+        await asyncio.to_thread(self.sync.renew_connections)
 
     @asynccontextmanager
     async def _pinned(
@@ -195,3 +233,9 @@ def _exit_quietly(cm: Any, exc: BaseException) -> None:
     except BaseException as err:
         if err is not exc:
             log.warning("rolling back a cancelled transaction failed", exc_info=err)
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import AsyncStore
+
+    _contract: type[AsyncStore] = ThreadedAsyncStore

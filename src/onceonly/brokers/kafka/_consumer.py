@@ -163,7 +163,7 @@ class KafkaConsumer(ConsumerLoop):
             raise ConfigurationError("topics must be a non-empty list of topic names")
         if not group:
             raise ConfigurationError("group must be a non-empty consumer group name")
-        sql = getattr(inbox.store, "dialect", None) in _SQL and inbox.mode != "leased"
+        sql = inbox.store.dialect in _SQL and inbox.mode != "leased"
         if offsets is None:
             offsets = "store" if sql else "kafka"
         if offsets not in ("store", "kafka"):

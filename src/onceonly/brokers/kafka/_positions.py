@@ -47,7 +47,7 @@ class Positions:
         self.store = store
         self.group = group
         self.table = validate_identifier(table)
-        self.dialect = str(getattr(store, "dialect", ""))
+        self.dialect = store.dialect
         if self.dialect not in ("postgresql", "sqlite", "mysql"):
             raise OnceOnlyError(f"offsets='store' needs a SQL store, not {self.dialect!r}")
 

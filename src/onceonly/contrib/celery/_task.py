@@ -51,6 +51,7 @@ from onceonly.errors import ConfigurationError, InFlight
 from onceonly.events import Listener
 from onceonly.inbox import Inbox, LeasedRunner, Tx
 from onceonly.messaging import Delivery
+from onceonly.types import Store
 
 __all__ = ["idempotent_task"]
 
@@ -121,12 +122,12 @@ class _IdempotentTask:
         self._lock = threading.Lock()
 
     @staticmethod
-    def _check(store: Any, atomic: bool) -> None:
-        if atomic and not getattr(store, "atomic", False):
+    def _check(store: Store, atomic: bool) -> None:
+        if atomic and not store.atomic:
             raise ConfigurationError(
                 f"{type(store).__name__} cannot hold a transaction: use atomic=False"
             )
-        if inspect.iscoroutinefunction(getattr(store, "migrate", None)):
+        if inspect.iscoroutinefunction(store.migrate):
             raise ConfigurationError("Celery tasks are sync: give a store from open_store()")
 
     def _runner(self, scope: str) -> Inbox | LeasedRunner:

@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from onceonly._core.state import Expect, Record, State, Write
-from onceonly.errors import ConfigurationError, InFlight
-from onceonly.types import Params, Snapshot, TxHealth
+from onceonly.errors import ConfigurationError, InFlight, OnceOnlyError
+from onceonly.stores._outbox_sql import no_outbox
+from onceonly.types import Listener, OutboxStatements, Params, Snapshot, TxHealth
 
 if TYPE_CHECKING:
     from onceonly.stores.memory._admin import MemoryAdmin
@@ -207,6 +208,8 @@ class MemoryStore:
 
     atomic = True
     dialect = "memory"
+    outbox_table: str | None = None  # no SQL, no outbox
+    latest_schema_version: int | None = None  # no tables
 
     def __init__(self, *, clock: Callable[[], float] | None = None, url: str = "memory://") -> None:
         self.url = url
@@ -235,6 +238,15 @@ class MemoryStore:
 
     def migrate(self) -> None:
         """Nothing to create; present for the common contract."""
+
+    def schema_version(self) -> int | None:
+        """``None``: no tables."""
+        return None
+
+    @property
+    def pool_size(self) -> int | None:
+        """``None``: no connections."""
+        return None
 
     @contextmanager
     def transaction(
@@ -273,5 +285,30 @@ class MemoryStore:
 
         return MemoryAdmin(self)
 
+    def outbox_statements(self, table: str) -> OutboxStatements:
+        """Refused: the outbox is a table written in the caller's SQL transaction.
+
+        Raises:
+            ConfigurationError: always.
+        """
+        raise no_outbox(self)
+
+    def translate(self, exc: BaseException) -> OnceOnlyError | None:
+        """``None``: the memory store has no driver."""
+        return None
+
+    def listen(self, channel: str) -> Listener | None:
+        """``None``: no notifications."""
+        return None
+
+    def renew_connections(self) -> None:
+        """Nothing: no connections."""
+
     def close(self) -> None:
         """Nothing to release."""
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import Store
+
+    _contract: type[Store] = MemoryStore

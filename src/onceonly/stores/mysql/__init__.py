@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from onceonly.stores.mysql._engine import MySQLEngineStore
 from onceonly.stores.mysql._engine_async import AsyncMySQLEngineStore
+from onceonly.stores.mysql._sql import drop_statements, schema_statements
 from onceonly.stores.mysql._store import MySQLStore
 from onceonly.stores.mysql._store_async import AsyncMySQLStore
 
@@ -16,4 +17,6 @@ __all__ = [
     "AsyncMySQLStore",
     "MySQLEngineStore",
     "MySQLStore",
+    "drop_statements",
+    "schema_statements",
 ]

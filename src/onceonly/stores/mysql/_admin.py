@@ -26,7 +26,7 @@ from onceonly._core.admin import PurgeRule, Query, ScopeStats
 from onceonly._core.admin_sql import purge_predicates, query_predicate, stats_from_rows
 from onceonly._core.sql import qmark_to_format
 from onceonly._core.state import Expect, Record
-from onceonly.stores.mysql._session import _DriverErrors
+from onceonly.stores.mysql._errors import translate_driver
 from onceonly.stores.mysql._sql import COLUMNS, NOW, record
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class MySQLAdmin:
                 cur.execute(query, tuple(params))
                 return list(cur.fetchall()) if cur.description is not None else []
         except pymysql.err.Error as exc:
-            raise _DriverErrors().translate(exc) from exc
+            raise translate_driver(exc) from exc
 
     def _clock(self, older_than: float) -> tuple[float, float]:
         """The database's now and now minus ``older_than`` (epoch seconds)."""
@@ -92,7 +92,7 @@ class MySQLAdmin:
             try:
                 deleted += self._purge_part(_sql(where), params, order, limit - deleted)
             except pymysql.err.Error as exc:
-                raise _DriverErrors().translate(exc) from exc
+                raise translate_driver(exc) from exc
         return deleted
 
     def _purge_part(self, where: str, params: list[Any], order: str, limit: int) -> int:
@@ -132,7 +132,7 @@ class MySQLAdmin:
                     (scope, key, expect.token, expect.state.value, expect.lapsed),
                 )
         except pymysql.err.Error as exc:
-            raise _DriverErrors().translate(exc) from exc
+            raise translate_driver(exc) from exc
         return bool(count)
 
     def stats(self, scope: str | None = None) -> tuple[list[ScopeStats], float]:

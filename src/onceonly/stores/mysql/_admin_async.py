@@ -25,7 +25,7 @@ from onceonly._core.admin import PurgeRule, Query, ScopeStats
 from onceonly._core.admin_sql import purge_predicates, query_predicate, stats_from_rows
 from onceonly._core.sql import qmark_to_format
 from onceonly._core.state import Expect, Record
-from onceonly.stores.mysql._session_async import _DriverErrors
+from onceonly.stores.mysql._errors import translate_driver
 from onceonly.stores.mysql._sql import COLUMNS, NOW, record
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class AsyncMySQLAdmin:
                 await cur.execute(query, tuple(params))
                 return list(await cur.fetchall()) if cur.description is not None else []
         except pymysql.err.Error as exc:
-            raise _DriverErrors().translate(exc) from exc
+            raise translate_driver(exc) from exc
 
     async def _clock(self, older_than: float) -> tuple[float, float]:
         """The database's now and now minus ``older_than`` (epoch seconds)."""
@@ -91,7 +91,7 @@ class AsyncMySQLAdmin:
             try:
                 deleted += await self._purge_part(_sql(where), params, order, limit - deleted)
             except pymysql.err.Error as exc:
-                raise _DriverErrors().translate(exc) from exc
+                raise translate_driver(exc) from exc
         return deleted
 
     async def _purge_part(self, where: str, params: list[Any], order: str, limit: int) -> int:
@@ -131,7 +131,7 @@ class AsyncMySQLAdmin:
                     (scope, key, expect.token, expect.state.value, expect.lapsed),
                 )
         except pymysql.err.Error as exc:
-            raise _DriverErrors().translate(exc) from exc
+            raise translate_driver(exc) from exc
         return bool(count)
 
     async def stats(self, scope: str | None = None) -> tuple[list[ScopeStats], float]:

@@ -19,11 +19,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onceonly._core.sql import write_values
+from onceonly._core.sql import validate_identifier, write_values
 from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError
+from onceonly.stores._schema import bind_literals, drop_version_rows, version_rows
+from onceonly.stores.mysql._outbox_sql import MySQLOutboxSQL
 
-__all__ = ["MySQLStatements", "lock_wait_seconds", "parse_url"]
+__all__ = [
+    "MySQLStatements",
+    "drop_statements",
+    "lock_wait_seconds",
+    "parse_url",
+    "schema_statements",
+]
 
 SCHEMES = ("mysql", "mariadb", "mysql+pymysql", "mysql+aiomysql", "mariadb+pymysql")
 NOW = "UNIX_TIMESTAMP(NOW(6))"
@@ -219,6 +227,35 @@ SCHEMA_UPSERT = (
     "INSERT INTO onceonly_schema (component, version) VALUES (%s, %s)"
     " ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version))"
 )
+
+
+def schema_statements(
+    table: str = "onceonly_records", outbox_table: str | None = "onceonly_outbox"
+) -> list[str]:
+    """The SQL of ``MySQLStore.migrate()`` as plain statements, the version rows included
+    (for a migration tool).
+
+    .. versionadded:: 0.5
+    """
+    ddl = [SCHEMA_DDL, records_ddl(validate_identifier(table))]
+    if outbox_table is not None:
+        ddl += MySQLOutboxSQL(outbox_table).migrate()
+    rows = version_rows(table, outbox_table, SCHEMA_VERSION)
+    return ddl + [bind_literals(SCHEMA_UPSERT, "%s", *r) for r in rows]
+
+
+def drop_statements(
+    table: str = "onceonly_records", outbox_table: str | None = "onceonly_outbox"
+) -> list[str]:
+    """Undo :func:`schema_statements` (``onceonly_schema`` stays: other tables' rows may be
+    in it).
+
+    .. versionadded:: 0.5
+    """
+    drops = [f"DROP TABLE IF EXISTS `{validate_identifier(table)}`"]
+    if outbox_table is not None:
+        drops += MySQLOutboxSQL(outbox_table).drop()
+    return [*drops, drop_version_rows(version_rows(table, outbox_table, SCHEMA_VERSION))]
 
 
 def _text(value: Any) -> str:

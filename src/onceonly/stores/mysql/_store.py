@@ -51,13 +51,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from onceonly._core.sql import validate_identifier
-from onceonly.errors import ConfigurationError, StoreError, StoreUnavailable
+from onceonly.errors import ConfigurationError, OnceOnlyError, StoreError, StoreUnavailable
 from onceonly.stores._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
-from onceonly.stores._outbox_sql import OutboxSQL
+from onceonly.stores.mysql._errors import _DriverErrors, translate
+from onceonly.stores.mysql._outbox_sql import MySQLOutboxSQL
 from onceonly.stores.mysql._session import (
     _AUTOCOMMIT,
     MySQLSession,
-    _DriverErrors,
     _Transaction,
     in_transaction,
     is_closed,
@@ -75,6 +75,7 @@ from onceonly.stores.mysql._sql import (
 
 if TYPE_CHECKING:
     from onceonly.stores.mysql._admin import MySQLAdmin
+    from onceonly.types import Listener
 
 __all__ = ["SCHEMA_VERSION", "MySQLSession", "MySQLStore"]
 
@@ -106,6 +107,7 @@ class MySQLStore:
 
     atomic = True
     dialect = "mysql"
+    latest_schema_version: int | None = SCHEMA_VERSION
 
     def __init__(
         self,
@@ -242,6 +244,15 @@ class MySQLStore:
         """
         return self
 
+    @property
+    def pool_size(self) -> int | None:
+        """``None``: the store opens a connection whenever none is idle (``max_size``
+        bounds only the idle ones it keeps)."""
+        return None
+
+    def renew_connections(self) -> None:
+        """Nothing: an idle connection is pinged when it is taken (see ``_checkout``)."""
+
     def close(self) -> None:
         """Close the idle connections; the store cannot be used afterwards."""
         self._closed = True
@@ -293,7 +304,7 @@ class MySQLStore:
         cur.execute(records_ddl(self.table))
         cur.execute(SCHEMA_UPSERT, (component, SCHEMA_VERSION))
         if self.outbox_table is not None:
-            for ddl in OutboxSQL(self.dialect, self.outbox_table).migrate():
+            for ddl in MySQLOutboxSQL(self.outbox_table).migrate():
                 cur.execute(ddl)
             cur.execute(SCHEMA_UPSERT, (f"outbox:{self.outbox_table}", OUTBOX_SCHEMA_VERSION))
 
@@ -353,3 +364,25 @@ class MySQLStore:
         from onceonly.stores.mysql._admin import MySQLAdmin
 
         return MySQLAdmin(self)
+
+    # -- the outbox's side
+
+    def outbox_statements(self, table: str) -> MySQLOutboxSQL:
+        """The statements of the outbox table ``table`` (:mod:`._outbox_sql`)."""
+        return MySQLOutboxSQL(validate_identifier(table))
+
+    def translate(self, exc: BaseException) -> OnceOnlyError | None:
+        """The onceonly error for a driver error of a statement run through a session
+        (:func:`onceonly.stores.mysql._errors.translate`)."""
+        return translate(exc)
+
+    def listen(self, channel: str) -> Listener | None:
+        """``None``: MariaDB/MySQL sends no notifications (relays poll)."""
+        return None
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import OutboxStatements, Store
+
+    _contract: type[Store] = MySQLStore
+    _outbox: type[OutboxStatements] = MySQLOutboxSQL

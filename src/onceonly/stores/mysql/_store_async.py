@@ -53,13 +53,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from onceonly._core.sql import validate_identifier
-from onceonly.errors import ConfigurationError, StoreError, StoreUnavailable
+from onceonly.errors import ConfigurationError, OnceOnlyError, StoreError, StoreUnavailable
 from onceonly.stores._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
-from onceonly.stores._outbox_sql import OutboxSQL
+from onceonly.stores.mysql._errors import _DriverErrors, translate
+from onceonly.stores.mysql._outbox_sql import MySQLOutboxSQL
 from onceonly.stores.mysql._session_async import (
     _AUTOCOMMIT,
     AsyncMySQLSession,
-    _DriverErrors,
     _Transaction,
     in_transaction,
     is_closed,
@@ -77,6 +77,7 @@ from onceonly.stores.mysql._sql import (
 
 if TYPE_CHECKING:
     from onceonly.stores.mysql._admin_async import AsyncMySQLAdmin
+    from onceonly.types import AsyncListener
 
 __all__ = ["SCHEMA_VERSION", "AsyncMySQLSession", "AsyncMySQLStore"]
 
@@ -110,6 +111,7 @@ class AsyncMySQLStore:
 
     atomic = True
     dialect = "mysql"
+    latest_schema_version: int | None = SCHEMA_VERSION
 
     def __init__(
         self,
@@ -246,6 +248,15 @@ class AsyncMySQLStore:
         """
         return self
 
+    @property
+    def pool_size(self) -> int | None:
+        """``None``: the store opens a connection whenever none is idle (``max_size``
+        bounds only the idle ones it keeps)."""
+        return None
+
+    async def renew_connections(self) -> None:
+        """Nothing: an idle connection is pinged when it is taken (see ``_checkout``)."""
+
     async def close(self) -> None:
         """Close the idle connections; the store cannot be used afterwards."""
         self._closed = True
@@ -297,7 +308,7 @@ class AsyncMySQLStore:
         await cur.execute(records_ddl(self.table))
         await cur.execute(SCHEMA_UPSERT, (component, SCHEMA_VERSION))
         if self.outbox_table is not None:
-            for ddl in OutboxSQL(self.dialect, self.outbox_table).migrate():
+            for ddl in MySQLOutboxSQL(self.outbox_table).migrate():
                 await cur.execute(ddl)
             await cur.execute(SCHEMA_UPSERT, (f"outbox:{self.outbox_table}", OUTBOX_SCHEMA_VERSION))
 
@@ -357,3 +368,25 @@ class AsyncMySQLStore:
         from onceonly.stores.mysql._admin_async import AsyncMySQLAdmin
 
         return AsyncMySQLAdmin(self)
+
+    # -- the outbox's side
+
+    def outbox_statements(self, table: str) -> MySQLOutboxSQL:
+        """The statements of the outbox table ``table`` (:mod:`._outbox_sql`)."""
+        return MySQLOutboxSQL(validate_identifier(table))
+
+    def translate(self, exc: BaseException) -> OnceOnlyError | None:
+        """The onceonly error for a driver error of a statement run through a session
+        (:func:`onceonly.stores.mysql._errors.translate`)."""
+        return translate(exc)
+
+    async def listen(self, channel: str) -> AsyncListener | None:
+        """``None``: MariaDB/MySQL sends no notifications (relays poll)."""
+        return None
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import AsyncStore, OutboxStatements
+
+    _contract: type[AsyncStore] = AsyncMySQLStore
+    _outbox: type[OutboxStatements] = MySQLOutboxSQL

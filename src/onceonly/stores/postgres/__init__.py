@@ -17,6 +17,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a bare venv (tests
 from onceonly.stores.postgres._partitions import DroppedPartitions, Partition, PostgresPartitions
 from onceonly.stores.postgres._partitions_async import AsyncPostgresPartitions
 from onceonly.stores.postgres._psycopg2_engine import Psycopg2EngineStore
+from onceonly.stores.postgres._sql import drop_statements, schema_statements
 from onceonly.stores.postgres._store import PostgresStore
 from onceonly.stores.postgres._store_async import AsyncPostgresStore
 
@@ -28,4 +29,6 @@ __all__ = [
     "PostgresPartitions",
     "PostgresStore",
     "Psycopg2EngineStore",
+    "drop_statements",
+    "schema_statements",
 ]

@@ -32,7 +32,7 @@ from onceonly._core.admin_sql import purge_predicates, query_predicate, stats_fr
 from onceonly._core.sql import qmark_to_format
 from onceonly._core.state import Expect, Record
 from onceonly.errors import NotMigrated
-from onceonly.stores.postgres._errors import _DriverErrors
+from onceonly.stores.postgres._errors import translate
 from onceonly.stores.postgres._sql import _RETURNING, _record
 from onceonly.stores.postgres._store_async import _MIGRATE_LOCK
 
@@ -59,7 +59,7 @@ class AsyncPostgresAdmin:
                 cur = await conn.execute(qmark_to_format(query).encode(), params)
                 return list(await cur.fetchall()) if cur.description is not None else []
         except psycopg.Error as exc:
-            raise _DriverErrors()._translate(exc) from exc
+            raise translate(exc) from exc
 
     async def _clock(self, older_than: float) -> tuple[datetime, datetime, float]:
         """The database's now, now minus ``older_than``, and now as epoch seconds."""
@@ -157,7 +157,7 @@ class AsyncPostgresAdmin:
                         " replays bigint NOT NULL, PRIMARY KEY (scope, bucket))"
                     )
             except psycopg.Error as exc:
-                raise _DriverErrors()._translate(exc) from exc
+                raise translate(exc) from exc
             self._counters_ready = True
         return name
 
@@ -172,7 +172,7 @@ class AsyncPostgresAdmin:
             async with self.store._connection(autocommit=True) as conn, conn.transaction():
                 await conn.cursor().executemany(statement.encode(), list(counts))
         except psycopg.Error as exc:
-            raise _DriverErrors()._translate(exc) from exc
+            raise translate(exc) from exc
 
     async def read_counts(self, since: float) -> dict[str, tuple[int, int]]:
         name = sql.Identifier(f"{self.table}_counts"[:63]).as_string()
@@ -200,7 +200,7 @@ class AsyncPostgresAdmin:
                         " ttl double precision, PRIMARY KEY (scope, bucket, bin))"
                     )
             except psycopg.Error as exc:
-                raise _DriverErrors()._translate(exc) from exc
+                raise translate(exc) from exc
             self._lateness_ready = True
         statement = (
             f"INSERT INTO {name} AS l (scope, bucket, bin, n, ttl) VALUES (%s, %s, %s, %s, %s)"
@@ -211,7 +211,7 @@ class AsyncPostgresAdmin:
             async with self.store._connection(autocommit=True) as conn, conn.transaction():
                 await conn.cursor().executemany(statement.encode(), list(rows))
         except psycopg.Error as exc:
-            raise _DriverErrors()._translate(exc) from exc
+            raise translate(exc) from exc
 
     async def read_lateness(
         self, since: float, step: int

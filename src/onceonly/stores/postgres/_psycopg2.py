@@ -23,13 +23,11 @@ from onceonly._core.sql import qmark_to_format
 from onceonly._core.state import Expect, Record, Write
 from onceonly.errors import (
     ConfigurationError,
-    InFlight,
-    NotMigrated,
-    StoreError,
     StoreUnavailable,
     TransactionAborted,
     TransactionEnded,
 )
+from onceonly.stores.postgres._errors import translate_psycopg2
 from onceonly.stores.postgres._sql import (
     _OPEN_SAVEPOINT,
     _RELEASE_SAVEPOINT,
@@ -63,7 +61,8 @@ def is_psycopg2(connection: Any) -> bool:
 
 
 class _Errors:
-    """Translate psycopg2 errors of the store's own statements."""
+    """Translate psycopg2 errors of the store's own statements (the backend's one table:
+    :func:`~onceonly.stores.postgres._errors.translate_psycopg2`)."""
 
     def __init__(self, scope: str | None = None, key: str | None = None, waiting: bool = False):
         self.scope, self.key, self.waiting = scope, key, waiting
@@ -72,35 +71,11 @@ class _Errors:
         return None
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        import psycopg2
-        import psycopg2.errors
-
-        if not isinstance(exc, psycopg2.Error):
+        if exc is None:
             return
-        scope, key = self.scope, self.key
-        if isinstance(exc, psycopg2.errors.LockNotAvailable) or (
-            self.waiting and isinstance(exc, psycopg2.errors.QueryCanceled)
-        ):
-            raise InFlight(
-                "another transaction holds this key and did not finish within lock_wait",
-                scope=scope,
-                key=key,
-            ) from exc
-        if isinstance(exc, psycopg2.errors.UndefinedTable):
-            raise NotMigrated(
-                f"a table of the store is missing; run store.migrate() first ({exc})",
-                scope=scope,
-                key=key,
-            ) from exc
-        if isinstance(exc, psycopg2.errors.FeatureNotSupported) and "onceonly" in str(exc):
-            # the partitioned table's refusal of another isolation level: as psycopg 3
-            message = (exc.diag.message_primary or str(exc)) if exc.diag else str(exc)
-            raise ConfigurationError(message, scope=scope, key=key) from exc
-        if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
-            raise StoreUnavailable(
-                f"PostgreSQL is unavailable: {exc}", scope=scope, key=key
-            ) from exc
-        raise StoreError(f"PostgreSQL error: {exc}", scope=scope, key=key) from exc
+        error = translate_psycopg2(exc, self.scope, self.key, waiting=self.waiting)
+        if error is not None:
+            raise error from exc
 
 
 @functools.lru_cache(maxsize=1024)

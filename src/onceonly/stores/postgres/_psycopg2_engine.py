@@ -16,12 +16,13 @@ import logging
 from collections.abc import Hashable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
 from onceonly.errors import ConfigurationError
 from onceonly.stores._engine_pool import EngineConnections
+from onceonly.stores.postgres._admin import PostgresAdmin
 from onceonly.stores.postgres._psycopg2 import Psycopg2Session, _Errors, joined
 from onceonly.stores.postgres._schema import SCHEMA_TABLE
 from onceonly.stores.postgres._sql import _lock_timeout
@@ -65,6 +66,18 @@ class Psycopg2EngineStore(PostgresStore):
         pool: Any = self._borrowing
         super().__init__(table=table, outbox_table=outbox_table, pool=pool, pipeline=False)
         self.engine = engine
+
+    def admin(self) -> PostgresAdmin:
+        """Refused: the admin operations need psycopg 3 connections.
+
+        Raises:
+            ConfigurationError: always.
+        """
+        raise ConfigurationError(
+            "a store over a postgresql+psycopg2 engine has no operator access (it needs"
+            " psycopg 3 connections); open the store with a postgresql+psycopg engine or a"
+            " postgresql:// URL"
+        )
 
     def _connection(self, *, autocommit: bool) -> Any:
         """The psycopg 3 connections of the admin and partition operations: none here."""
@@ -157,3 +170,9 @@ class Psycopg2EngineStore(PostgresStore):
                     f"SELECT version FROM {SCHEMA_TABLE} WHERE component = %s", (self._component,)
                 ).fetchone()
         return None if found is None else int(found[0])
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import Store
+
+    _contract: type[Store] = Psycopg2EngineStore

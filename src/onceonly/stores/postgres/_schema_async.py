@@ -14,13 +14,15 @@ from psycopg import sql
 
 from onceonly.errors import ConfigurationError
 from onceonly.stores._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
-from onceonly.stores._outbox_sql import OutboxSQL
-from onceonly.stores.postgres._sql import SCHEMA_TABLE, schema_table_ddl, version_upsert
+from onceonly.stores.postgres._outbox_sql import PostgresOutboxSQL
+from onceonly.stores.postgres._sql import (
+    SCHEMA_TABLE,
+    SCHEMA_VERSION,
+    schema_table_ddl,
+    version_upsert,
+)
 
 __all__ = ["SCHEMA_TABLE", "SCHEMA_VERSION", "create_tables", "is_partitioned", "table_exists"]
-
-# The schema version of the records table this code writes and reads.
-SCHEMA_VERSION = 1
 
 
 async def is_partitioned(conn: psycopg.AsyncConnection[Any], table: str) -> bool:
@@ -66,6 +68,6 @@ async def create_tables(
     record_version = version_upsert()
     await conn.execute(record_version, (component, SCHEMA_VERSION))
     if outbox_table is not None:
-        for outbox_ddl in OutboxSQL("postgresql", outbox_table).migrate():
+        for outbox_ddl in PostgresOutboxSQL(outbox_table).migrate():
             await conn.execute(outbox_ddl)
         await conn.execute(record_version, (f"outbox:{outbox_table}", OUTBOX_SCHEMA_VERSION))

@@ -24,9 +24,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "the PostgreSQL store needs psycopg 3 and psycopg-pool: pip install 'onceonly[postgres]'"
     ) from exc
 
-from onceonly._core.sql import write_values
+from onceonly._core.sql import validate_identifier, write_values
 from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError
+from onceonly.stores._schema import bind_literals, drop_version_rows, version_rows
+from onceonly.stores.postgres._outbox_sql import PostgresOutboxSQL
 from onceonly.stores.postgres._wire import BOOL, FLOAT8, INT8, TEXT
 from onceonly.types import Snapshot
 
@@ -352,6 +354,8 @@ def _records_ddl(table: str) -> list[sql.Composed]:
 
 
 SCHEMA_TABLE = "onceonly_schema"
+# The schema version of the records table this code writes and reads.
+SCHEMA_VERSION = 1
 
 
 def schema_table_ddl() -> sql.Composed:
@@ -369,6 +373,37 @@ def version_upsert() -> sql.Composed:
         "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version "
         "WHERE {}.version < EXCLUDED.version"
     ).format(schema, schema)
+
+
+def schema_statements(
+    table: str = "onceonly_records", outbox_table: str | None = "onceonly_outbox"
+) -> list[str]:
+    """The SQL of ``PostgresStore.migrate()`` (the plain layout) as plain statements, the
+    version rows included (for a migration tool).
+
+    .. versionadded:: 0.5
+    """
+    ddl = [schema_table_ddl().as_string(None)]
+    ddl += [statement.as_string(None) for statement in _records_ddl(validate_identifier(table))]
+    if outbox_table is not None:
+        ddl += PostgresOutboxSQL(outbox_table).migrate()
+    upsert = version_upsert().as_string(None)
+    rows = version_rows(table, outbox_table, SCHEMA_VERSION)
+    return ddl + [bind_literals(upsert, "%s", *r) for r in rows]
+
+
+def drop_statements(
+    table: str = "onceonly_records", outbox_table: str | None = "onceonly_outbox"
+) -> list[str]:
+    """Undo :func:`schema_statements` (``onceonly_schema`` stays: other tables' rows may be
+    in it).
+
+    .. versionadded:: 0.5
+    """
+    drops = [f'DROP TABLE IF EXISTS "{validate_identifier(table)}"']
+    if outbox_table is not None:
+        drops += PostgresOutboxSQL(outbox_table).drop()
+    return [*drops, drop_version_rows(version_rows(table, outbox_table, SCHEMA_VERSION))]
 
 
 @functools.lru_cache(maxsize=32)

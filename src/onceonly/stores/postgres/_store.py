@@ -47,7 +47,7 @@ import logging
 from collections.abc import Hashable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     import psycopg
@@ -62,6 +62,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from onceonly._core.sql import validate_identifier
 from onceonly.errors import (
     ConfigurationError,
+    OnceOnlyError,
     StoreError,
 )
 from onceonly.stores.postgres._conninfo import (
@@ -71,7 +72,9 @@ from onceonly.stores.postgres._conninfo import (
     _tcp_defaults,
     check_conninfo,
 )
-from onceonly.stores.postgres._errors import _DriverErrors
+from onceonly.stores.postgres._errors import _DriverErrors, translate_statement
+from onceonly.stores.postgres._listen import NotifyListener, listen
+from onceonly.stores.postgres._outbox_sql import PostgresOutboxSQL
 from onceonly.stores.postgres._partitioned import check_period, check_table, records_ddl
 from onceonly.stores.postgres._partitioned import statements as partitioned_statements
 from onceonly.stores.postgres._partitions import PostgresPartitions
@@ -97,6 +100,9 @@ from onceonly.stores.postgres._sql import (
 )
 from onceonly.stores.postgres._transaction import _Transaction
 from onceonly.stores.postgres._watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from onceonly.stores.postgres._admin import PostgresAdmin
 
 __all__ = ["SCHEMA_VERSION", "PostgresSession", "PostgresStore"]
 
@@ -174,6 +180,7 @@ class PostgresStore(PooledConnections):
 
     atomic = True
     dialect = "postgresql"
+    latest_schema_version: int | None = SCHEMA_VERSION
 
     def __init__(
         self,
@@ -309,6 +316,27 @@ class PostgresStore(PooledConnections):
         See :attr:`onceonly.types.Store.connection_source`.
         """
         return self._pool
+
+    @property
+    def pool_size(self) -> int | None:
+        """The pool's ``max_size`` (``None`` over a SQLAlchemy engine, whose pool is the
+        application's)."""
+        if isinstance(self._pool, ConnectionPool):
+            return int(self._pool.max_size)
+        return None
+
+    def renew_connections(self) -> None:
+        """Have the pool replace its idle connections now (psycopg-pool's ``drain``;
+        ``check`` before 3.3): after a restart or a kill each stale one would otherwise
+        fail a retry of its own. Nothing over a SQLAlchemy engine (its pool is the
+        application's)."""
+        if not isinstance(self._pool, ConnectionPool):
+            return
+        drain = getattr(self._pool, "drain", None)  # psycopg-pool >= 3.3
+        if drain is not None:
+            drain()
+        else:
+            self._pool.check()
 
     def close(self) -> None:
         """Close the pool if the store created it; the store cannot be used afterwards."""
@@ -468,3 +496,41 @@ class PostgresStore(PooledConnections):
         """
         with self._connection(autocommit=True) as conn:
             yield PostgresSession(self, conn, mode=_AUTOCOMMIT, lock_timeout=None)
+
+    def admin(self) -> PostgresAdmin:
+        """Operator access to the records (:class:`~onceonly.types.AdminStore`).
+
+        .. versionadded:: 0.5
+        """
+        from onceonly.stores.postgres._admin import PostgresAdmin
+
+        return PostgresAdmin(self)
+
+    # -- the outbox's side
+
+    def outbox_statements(self, table: str) -> PostgresOutboxSQL:
+        """The statements of the outbox table ``table`` (:mod:`._outbox_sql`)."""
+        return PostgresOutboxSQL(validate_identifier(table))
+
+    def translate(self, exc: BaseException) -> OnceOnlyError | None:
+        """The onceonly error for a psycopg (or psycopg2) error of a statement run through
+        a session in a transaction of the store's own
+        (:func:`~onceonly.stores.postgres._errors.translate_statement`)."""
+        return translate_statement(exc)
+
+    def listen(self, channel: str) -> NotifyListener | None:
+        """A connection LISTENing on ``channel`` (``None`` through transaction pooling,
+        where LISTEN cannot work: :mod:`._listen`).
+
+        Raises:
+            StoreUnavailable: the server cannot be reached.
+        """
+        return listen(self.conninfo, channel)
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import Listener, OutboxStatements, Store
+
+    _contract: type[Store] = PostgresStore
+    _listener: type[Listener] = NotifyListener
+    _outbox: type[OutboxStatements] = PostgresOutboxSQL

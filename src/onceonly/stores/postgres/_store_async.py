@@ -46,7 +46,7 @@ import logging
 from collections.abc import AsyncIterator, Hashable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     import psycopg
@@ -61,6 +61,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from onceonly._core.sql import validate_identifier
 from onceonly.errors import (
     ConfigurationError,
+    OnceOnlyError,
     StoreError,
 )
 from onceonly.stores.postgres._conninfo import (
@@ -70,7 +71,9 @@ from onceonly.stores.postgres._conninfo import (
     _tcp_defaults,
     check_conninfo,
 )
-from onceonly.stores.postgres._errors import _DriverErrors
+from onceonly.stores.postgres._errors import _DriverErrors, translate_statement
+from onceonly.stores.postgres._listen_async import AsyncNotifyListener, listen
+from onceonly.stores.postgres._outbox_sql import PostgresOutboxSQL
 from onceonly.stores.postgres._partitioned import check_period, check_table, records_ddl
 from onceonly.stores.postgres._partitioned import statements as partitioned_statements
 from onceonly.stores.postgres._partitions_async import AsyncPostgresPartitions
@@ -97,6 +100,9 @@ from onceonly.stores.postgres._sql import (
 )
 from onceonly.stores.postgres._transaction_async import _Transaction
 from onceonly.stores.postgres._watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from onceonly.stores.postgres._admin_async import AsyncPostgresAdmin
 
 __all__ = ["SCHEMA_VERSION", "AsyncPostgresSession", "AsyncPostgresStore"]
 
@@ -174,6 +180,7 @@ class AsyncPostgresStore(AsyncPooledConnections):
 
     atomic = True
     dialect = "postgresql"
+    latest_schema_version: int | None = SCHEMA_VERSION
 
     def __init__(
         self,
@@ -310,6 +317,27 @@ class AsyncPostgresStore(AsyncPooledConnections):
         See :attr:`onceonly.types.Store.connection_source`.
         """
         return self._pool
+
+    @property
+    def pool_size(self) -> int | None:
+        """The pool's ``max_size`` (``None`` over a SQLAlchemy engine, whose pool is the
+        application's)."""
+        if isinstance(self._pool, AsyncConnectionPool):
+            return int(self._pool.max_size)
+        return None
+
+    async def renew_connections(self) -> None:
+        """Have the pool replace its idle connections now (psycopg-pool's ``drain``;
+        ``check`` before 3.3): after a restart or a kill each stale one would otherwise
+        fail a retry of its own. Nothing over a SQLAlchemy engine (its pool is the
+        application's)."""
+        if not isinstance(self._pool, AsyncConnectionPool):
+            return
+        drain = getattr(self._pool, "drain", None)  # psycopg-pool >= 3.3
+        if drain is not None:
+            await drain()
+        else:
+            await self._pool.check()
 
     async def close(self) -> None:
         """Close the pool if the store created it; the store cannot be used afterwards."""
@@ -469,3 +497,41 @@ class AsyncPostgresStore(AsyncPooledConnections):
         """
         async with self._connection(autocommit=True) as conn:
             yield AsyncPostgresSession(self, conn, mode=_AUTOCOMMIT, lock_timeout=None)
+
+    def admin(self) -> AsyncPostgresAdmin:
+        """Operator access to the records (:class:`~onceonly.types.AsyncAdminStore`).
+
+        .. versionadded:: 0.5
+        """
+        from onceonly.stores.postgres._admin_async import AsyncPostgresAdmin
+
+        return AsyncPostgresAdmin(self)
+
+    # -- the outbox's side
+
+    def outbox_statements(self, table: str) -> PostgresOutboxSQL:
+        """The statements of the outbox table ``table`` (:mod:`._outbox_sql`)."""
+        return PostgresOutboxSQL(validate_identifier(table))
+
+    def translate(self, exc: BaseException) -> OnceOnlyError | None:
+        """The onceonly error for a psycopg (or psycopg2) error of a statement run through
+        a session in a transaction of the store's own
+        (:func:`~onceonly.stores.postgres._errors.translate_statement`)."""
+        return translate_statement(exc)
+
+    async def listen(self, channel: str) -> AsyncNotifyListener | None:
+        """A connection LISTENing on ``channel`` (``None`` through transaction pooling,
+        where LISTEN cannot work: :mod:`._listen_async`).
+
+        Raises:
+            StoreUnavailable: the server cannot be reached.
+        """
+        return await listen(self.conninfo, channel)
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import AsyncListener, AsyncStore, OutboxStatements
+
+    _contract: type[AsyncStore] = AsyncPostgresStore
+    _listener: type[AsyncListener] = AsyncNotifyListener
+    _outbox: type[OutboxStatements] = PostgresOutboxSQL

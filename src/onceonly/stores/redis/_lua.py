@@ -206,7 +206,9 @@ def check_prefix(prefix: object) -> str:
 
 
 def record_key(prefix: str, scope: str, key: str) -> str:
-    """The Redis key of the record ``(scope, key)`` (see the module docstring)."""
+    """The Redis key of the record ``(scope, key)`` under ``prefix``:
+    ``{prefix}{<len(scope)>:<scope>:<key>}``, its braces one Cluster hash tag per record
+    (the length keeps ``("a:b", "c")`` and ``("a", "b:c")`` apart)."""
     return f"{prefix}{{{len(scope)}:{scope}:{key}}}"
 
 

@@ -23,42 +23,25 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from onceonly._core.state import Expect, Record, Write
-from onceonly.errors import ConfigurationError, StoreError, StoreUnavailable
+from onceonly.errors import ConfigurationError, OnceOnlyError
+from onceonly.stores._outbox_sql import no_outbox
 from onceonly.stores.redis import _lua as lua
 from onceonly.stores.redis import _url as _redis_url
-from onceonly.types import Params, Snapshot, TxHealth
+from onceonly.stores.redis._errors import redis_errors as _errors
+from onceonly.stores.redis._errors import translate
+from onceonly.types import Listener, Params, Snapshot, TxHealth
 
 try:
     import redis as redis_client
-    from redis import exceptions as rexc
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "the Redis store needs the redis extra: pip install 'onceonly[redis]'"
     ) from exc
 
 __all__ = ["RedisSession", "RedisStore"]
-
-#: Error replies that say Redis cannot serve right now (loading, a read-only replica
-#: after a failover, out of memory, busy, cluster resharding): transient.
-_TRANSIENT_REPLIES = ("LOADING", "OOM", "READONLY", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
-
-
-@contextmanager
-def _errors(scope: str | None = None, key: str | None = None) -> Iterator[None]:
-    """Translate redis-py's errors: transient ones to StoreUnavailable, others to StoreError."""
-    try:
-        yield
-    except (rexc.ConnectionError, rexc.TimeoutError) as exc:
-        raise StoreUnavailable(f"Redis is unreachable: {exc}", scope=scope, key=key) from exc
-    except rexc.ResponseError as exc:
-        if str(exc).split(" ", 1)[0].upper() in _TRANSIENT_REPLIES:
-            raise StoreUnavailable(f"Redis cannot serve now: {exc}", scope=scope, key=key) from exc
-        raise StoreError(f"Redis refused the operation: {exc}", scope=scope, key=key) from exc
-    except rexc.RedisError as exc:
-        raise StoreError(f"Redis failed: {exc}", scope=scope, key=key) from exc
 
 
 def _open_client(url: str, timeout: float) -> Any:
@@ -173,6 +156,8 @@ class RedisStore:
 
     atomic = False
     dialect = "redis"
+    outbox_table: str | None = None  # no SQL, no outbox
+    latest_schema_version: int | None = None  # no tables: scripts, loaded by migrate()
 
     def __init__(
         self,
@@ -237,3 +222,56 @@ class RedisStore:
         """Close the client if the store opened it."""
         if self._owned:
             self.client.close()
+
+    def open_client(self, timeout: float) -> Any:
+        """A new redis-py client of this store's Redis (its URL) whose connects and
+        replies time out after ``timeout`` seconds; yours to close.
+
+        .. versionadded:: 0.5
+        """
+        return _open_client(self.url, timeout)
+
+    def schema_version(self) -> int | None:
+        """``None``: no tables."""
+        return None
+
+    @property
+    def pool_size(self) -> int | None:
+        """``None``: the client's connection pool is redis-py's."""
+        return None
+
+    def admin(self) -> NoReturn:
+        """Refused: a Redis store has no operator access (no table to scan).
+
+        Raises:
+            ConfigurationError: always.
+        """
+        raise ConfigurationError(
+            f"{type(self).__name__} has no operator access (records are Redis hashes that"
+            " expire on their own); use a SQL store for purge, redrive and stats"
+        )
+
+    def outbox_statements(self, table: str) -> NoReturn:
+        """Refused: the outbox is a table written in the caller's SQL transaction.
+
+        Raises:
+            ConfigurationError: always.
+        """
+        raise no_outbox(self)
+
+    def translate(self, exc: BaseException) -> OnceOnlyError | None:
+        """The onceonly error for a redis-py error (:mod:`._errors`)."""
+        return translate(exc)
+
+    def listen(self, channel: str) -> Listener | None:
+        """``None``: no outbox, no notifications."""
+        return None
+
+    def renew_connections(self) -> None:
+        """Nothing: redis-py reconnects by itself."""
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import Store
+
+    _contract: type[Store] = RedisStore

@@ -11,7 +11,7 @@ application's (WAL is recommended: readers then never wait for the writer).
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceonly.stores._engine_pool import EngineConnections
 from onceonly.stores.sqlite._store import SQLiteStore
@@ -72,3 +72,9 @@ class SQLiteEngineStore(SQLiteStore):
     def close(self) -> None:
         """Nothing to close: the engine and its pool stay open."""
         self._closed = True
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import Store
+
+    _contract: type[Store] = SQLiteEngineStore

@@ -33,10 +33,12 @@ from onceonly._core.sql import validate_identifier
 from onceonly._core.state import Expect, Record, Write
 from onceonly.errors import (
     ConfigurationError,
+    OnceOnlyError,
     TransactionEnded,
 )
 from onceonly.stores._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
-from onceonly.stores._outbox_sql import OutboxSQL
+from onceonly.stores._schema import bind_literals, drop_version_rows, version_rows
+from onceonly.stores.sqlite._outbox_sql import SQLiteOutboxSQL
 from onceonly.stores.sqlite._rows import (
     _COLUMNS,
     _busy_timeout_ms,
@@ -47,12 +49,12 @@ from onceonly.stores.sqlite._rows import (
     _update_values,
     _written,
 )
-from onceonly.types import Params, Snapshot, TxHealth
+from onceonly.types import Listener, Params, Snapshot, TxHealth
 
 if TYPE_CHECKING:
     from onceonly.stores.sqlite._admin import SQLiteAdmin
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SQLiteStore", "drop_statements", "schema_statements"]
 
 SCHEMA_VERSION = 1
 SCHEMA_UPSERT = (
@@ -79,8 +81,34 @@ def schema_ddl(table: str, outbox_table: str | None) -> list[str]:
         f"CREATE INDEX IF NOT EXISTS {t}_state_expiry ON {t} (state, expires_at)",
     ]
     if outbox_table is not None:
-        ddl += OutboxSQL("sqlite", outbox_table).migrate()
+        ddl += SQLiteOutboxSQL(outbox_table).migrate()
     return ddl
+
+
+def schema_statements(
+    table: str = "onceonly_records", outbox_table: str | None = "onceonly_outbox"
+) -> list[str]:
+    """The SQL of :meth:`SQLiteStore.migrate` as plain statements, the version rows
+    included (for a migration tool).
+
+    .. versionadded:: 0.5
+    """
+    rows = version_rows(validate_identifier(table), outbox_table, SCHEMA_VERSION)
+    return schema_ddl(table, outbox_table) + [bind_literals(SCHEMA_UPSERT, "?", *r) for r in rows]
+
+
+def drop_statements(
+    table: str = "onceonly_records", outbox_table: str | None = "onceonly_outbox"
+) -> list[str]:
+    """Undo :func:`schema_statements` (``onceonly_schema`` stays: other tables' rows may be
+    in it).
+
+    .. versionadded:: 0.5
+    """
+    drops = [f'DROP TABLE IF EXISTS "{validate_identifier(table)}"']
+    if outbox_table is not None:
+        drops += SQLiteOutboxSQL(outbox_table).drop()
+    return [*drops, drop_version_rows(version_rows(table, outbox_table, SCHEMA_VERSION))]
 
 
 # This process's id, kept current across forks without a getpid() per transaction.
@@ -301,6 +329,7 @@ class SQLiteStore:
 
     atomic = True
     dialect = "sqlite"
+    latest_schema_version: int | None = SCHEMA_VERSION
 
     def __init__(
         self,
@@ -508,6 +537,29 @@ class SQLiteStore:
 
         return SQLiteAdmin(self)
 
+    @property
+    def pool_size(self) -> int | None:
+        """``None``: connections are opened as needed (the file has one writer anyway)."""
+        return None
+
+    # -- the outbox's side
+
+    def outbox_statements(self, table: str) -> SQLiteOutboxSQL:
+        """The statements of the outbox table ``table`` (:mod:`._outbox_sql`)."""
+        return SQLiteOutboxSQL(validate_identifier(table))
+
+    def translate(self, exc: BaseException) -> OnceOnlyError | None:
+        """The onceonly error for a ``sqlite3`` error of a statement run through a session
+        (the store's one table: :func:`~onceonly.stores.sqlite._rows._translate`)."""
+        return _translate(exc) if isinstance(exc, sqlite3.Error) else None
+
+    def listen(self, channel: str) -> Listener | None:
+        """``None``: SQLite sends no notifications (relays poll)."""
+        return None
+
+    def renew_connections(self) -> None:
+        """Nothing: a connection to a file does not go stale."""
+
     def close(self) -> None:
         """Close the pooled connections of this process.
 
@@ -519,3 +571,10 @@ class SQLiteStore:
             self._closed = True
         for conn in pool:
             conn.close()
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import OutboxStatements, Store
+
+    _contract: type[Store] = SQLiteStore
+    _outbox: type[OutboxStatements] = SQLiteOutboxSQL

@@ -61,7 +61,16 @@ from onceonly.stores.tiered._tiers import (
     encode_record,
     usable,
 )
-from onceonly.types import AdminStore, Params, Session, Snapshot, Store, TxHealth
+from onceonly.types import (
+    AdminStore,
+    Listener,
+    OutboxStatements,
+    Params,
+    Session,
+    Snapshot,
+    Store,
+    TxHealth,
+)
 
 if TYPE_CHECKING:
     from onceonly.stores.redis import RedisStore
@@ -133,23 +142,20 @@ class RedisTier:
         failures: int = 3,
         cooldown: float = 5.0,
     ) -> None:
-        from onceonly.stores.redis import _lua as _redis_lua
-        from onceonly.stores.redis import _store as redis_store
+        from onceonly.stores.redis import record_key, redis_errors
 
         if not ttl > 0:
             raise ConfigurationError("the Redis tier's ttl must be positive")
         if not timeout > 0:
             raise ConfigurationError("the Redis tier's timeout must be positive")
         self._owned = store.url != "redis://"  # a store made on client= has no URL
-        self.client: Any = (
-            redis_store._open_client(store.url, timeout) if self._owned else store.client
-        )
+        self.client: Any = store.open_client(timeout) if self._owned else store.client
         self.prefix = store.prefix + "tier:"
         self.ttl = float(ttl)
         self.timeout = float(timeout)
         self.breaker = CircuitBreaker(failures, cooldown, name=f"the Redis tier {self.prefix}")
-        self._key = _redis_lua.record_key
-        self._errors = redis_store._errors
+        self._key = record_key
+        self._errors = redis_errors
         self._fill = self.client.register_script(_FILL)
         self._invalidate = self.client.register_script(_INVALIDATE)
 
@@ -404,7 +410,9 @@ class TieredStore:
         self.redis = redis
         self.url = durable.url
         self.atomic = durable.atomic
-        self.dialect: str | None = getattr(durable, "dialect", None)
+        self.dialect = durable.dialect
+        self.outbox_table = durable.outbox_table
+        self.latest_schema_version = durable.latest_schema_version
         self.clock = Clock()
         self.hits: Counter[str] = Counter()  # answered by "local", "redis", "durable"
         self._space: str | None = None  # the durable store's id in the Redis tier's keys
@@ -427,6 +435,30 @@ class TieredStore:
 
     def migrate(self) -> None:
         self.durable.migrate()
+
+    def schema_version(self) -> int | None:
+        return self.durable.schema_version()
+
+    @property
+    def pool_size(self) -> int | None:
+        """The durable store's."""
+        return self.durable.pool_size
+
+    def outbox_statements(self, table: str) -> OutboxStatements:
+        """The durable store's (the outbox lives in its database)."""
+        return self.durable.outbox_statements(table)
+
+    def translate(self, exc: BaseException) -> OnceOnlyError | None:
+        """The durable store's."""
+        return self.durable.translate(exc)
+
+    def listen(self, channel: str) -> Listener | None:
+        """The durable store's."""
+        return self.durable.listen(channel)
+
+    def renew_connections(self) -> None:
+        """The durable store's."""
+        self.durable.renew_connections()
 
     def store_id(self) -> str:
         """The durable store's id, which the Redis tier's keys carry: read from the
@@ -604,9 +636,7 @@ class TieredStore:
 
     def admin(self) -> TieredAdmin:
         """The durable store's operator access; a delete also clears the tiers."""
-        from onceonly.admin import admin_store
-
-        return TieredAdmin(self, admin_store(self.durable))
+        return TieredAdmin(self, self.durable.admin())
 
     def close(self) -> None:
         """Close the durable store and the Redis tier's own client (the Redis store
@@ -684,3 +714,10 @@ class TieredAdmin:
         self, since: float, step: int
     ) -> list[tuple[str, int, int, int, float | None]]:
         return self._inner.read_lateness(since, step)
+
+
+if TYPE_CHECKING:  # the contract is checked statically
+    from onceonly.types import Store
+
+    _contract: type[Store] = TieredStore
+    _admin: type[AdminStore] = TieredAdmin
