@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from onceonly.brokers._memory import DeadLetter, MemoryBroker, MemoryConsumer, MemoryMessage
+from onceonly.brokers import DeadLetter, MemoryBroker, MemoryConsumer, MemoryMessage
 from onceonly.errors import PublishError
 from onceonly.messaging import OutboxMessage
 

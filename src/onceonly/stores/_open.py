@@ -122,10 +122,9 @@ def _open(url: str, options: dict[str, Any]) -> Store:
     scheme = _scheme(url)
     if scheme == "sqlite":
         from onceonly.stores.sqlite import SQLiteStore
-        from onceonly.stores.sqlite._url import from_url
 
         _check_options(SQLiteStore, options, url, skip=("url",))
-        return from_url(url, **options)
+        return SQLiteStore.from_url(url, **options)
     if scheme == "memory":
         from onceonly.stores.memory import MemoryStore
 

@@ -331,6 +331,22 @@ class SQLiteStore:
     dialect = "sqlite"
     latest_schema_version: int | None = SCHEMA_VERSION
 
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> SQLiteStore:
+        """A store from ``sqlite:///relative.db`` or ``sqlite:////absolute.db``.
+
+        Query options: ``table``, ``outbox_table``, ``timeout`` (seconds),
+        ``synchronous``, ``mode`` (``rwc``: create a missing file, the default; ``rw``:
+        refuse it). Keyword options are passed to the constructor.
+
+        Raises:
+            ConfigurationError: a malformed URL, an unknown option, or ``mode=rw`` and no
+                file at the path.
+        """
+        from onceonly.stores.sqlite._url import from_url
+
+        return from_url(url, **options)
+
     def __init__(
         self,
         path: str,
