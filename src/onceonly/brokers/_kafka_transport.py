@@ -16,6 +16,10 @@
   committed offset, then the earliest); a handler's transaction writes the position in
   the same commit as its effects; a periodic flush writes what acks without a
   transaction moved (replays, dead letters). Kafka's group offsets follow as a hint.
+  Before records are handed to handlers, their partition's handed mark is raised past
+  them; on assignment the records between the stored position and that mark (a dead
+  member may have been running them) are delivered as redelivered: the loop runs each
+  alone, its attempt counted first.
 * **Rebalances.** On revoke: nothing more is handed out from the lost partitions;
   the records running there settle (up to ``revoke_timeout``); their positions are
   written and Kafka's offsets committed; then the partitions are dropped. A record
@@ -100,6 +104,11 @@ class KafkaTransport:
         self.where = f"topics {', '.join(self.topics)} (group {group})"
         self._parts: dict[TP, PartitionOrder[Message]] = {}
         self._epochs: dict[TP, int] = {}
+        #: per partition: the records below it (from the position on) may have been
+        #: running when an earlier member died (read on assignment)
+        self._suspect_below: dict[TP, int] = {}
+        #: per partition: the handed mark this member made sure the store holds
+        self._reserved: dict[TP, int] = {}
         self._owner: dict[int, tuple[TP, PartitionOrder[Message]]] = {}  # id(msg) ->
         self._kafka_committed: dict[TP, int] = {}
         self._dirty: set[TP] = set()
@@ -303,12 +312,12 @@ class KafkaTransport:
     async def _assigned(self, tps: list[TP]) -> dict[TP, int | None]:
         starts: dict[TP, int | None] = {}
         for key in tps:
-            position, epoch = None, 0
+            position, epoch, handed = None, 0, -1
             if self.positions is not None:
                 failures = 0
                 while True:
                     try:
-                        position, epoch = await self.positions.claim(*key)
+                        position, epoch, handed = await self.positions.claim(*key)
                         break
                     except Exception as exc:
                         failures += 1
@@ -324,7 +333,17 @@ class KafkaTransport:
                 stored=-1 if position is None else position,
             )
             self._epochs[key] = epoch
+            self._suspect_below[key] = self._reserved[key] = handed
             starts[key] = position
+            if handed > (position or 0):
+                self.log.info(
+                    "%s: %s: the records from offset %s to %s may have been running when a"
+                    " member died: each runs alone, its attempt counted first",
+                    self.where,
+                    key,
+                    position or 0,
+                    handed - 1,
+                )
         self.log.info("%s: assigned %s", self.where, starts)
         return starts
 
@@ -343,10 +362,16 @@ class KafkaTransport:
                 if mark < 0:
                     continue
                 offsets[key] = mark
-                if self.positions is not None and mark > p.stored:
+                # nothing of ours runs any more: the records at and after the position
+                # are suspects for the next member only if they already were
+                handed = None
+                if not p.in_flight() and self._reserved.get(key, -1) > mark:
+                    handed = max(mark, self._suspect_below.get(key, -1))
+                if self.positions is not None and (mark > p.stored or handed is not None):
                     try:
-                        if await self.positions.write(*key, mark, self._epochs[key]):
-                            p.stored = mark
+                        epoch = self._epochs[key]
+                        if await self.positions.write(*key, mark, epoch, handed=handed):
+                            p.stored = max(p.stored, mark)
                     except Exception as exc:
                         self.log.warning("%s: position of %s not written: %r", self.where, key, exc)
         for key in parts:
@@ -357,6 +382,8 @@ class KafkaTransport:
     def _drop(self, key: TP) -> None:
         part = self._parts.pop(key, None)
         self._epochs.pop(key, None)
+        self._suspect_below.pop(key, None)
+        self._reserved.pop(key, None)
         self._dirty.discard(key)
         self._kafka_committed.pop(key, None)
         if part is not None:
@@ -407,6 +434,7 @@ class KafkaTransport:
         return min(wakes) - time.monotonic() if wakes else None
 
     def _incoming(self, m: Message, deliveries: int) -> Incoming:
+        key = (m.topic() or "", m.partition() or 0)
         headers = wire.headers_of(m)
         given = headers.get(HEADER_MESSAGE_ID)
         if isinstance(given, str) and given:
@@ -421,7 +449,8 @@ class KafkaTransport:
             source=m.topic() or "",
             raw=m,
             label=wire.record_id(m),
-            redelivered=deliveries > 1,
+            # run before here, or perhaps by a member that died: alone, counted first
+            redelivered=deliveries > 1 or (m.offset() or 0) < self._suspect_below.get(key, -1),
         )
 
     async def widen(self) -> None:
@@ -433,7 +462,8 @@ class KafkaTransport:
             if self._failure is not None:
                 exc, self._failure = self._failure, None
                 raise BrokerUnavailable(f"{self.where}: {exc}") from exc
-            out = self._take(limit)
+            await self._reserve()
+            out = self._take(limit)  # no await since the reservation: nothing arrived
             if out or self._woken:
                 self._woken = False
                 return out
@@ -443,6 +473,41 @@ class KafkaTransport:
                 await asyncio.wait_for(
                     self._arrived.wait(), None if wait is None else max(wait, 0.001)
                 )
+
+    async def _reserve(self) -> None:
+        """Before records are handed to handlers (``offsets="store"``): raise each
+        partition's handed mark in the store past every record received, so that if
+        this member dies with records running, the next one knows which records to run
+        alone (:mod:`._kafka_positions`). One write per partition covers a whole fetch.
+
+        Raises:
+            BrokerUnavailable: the store did not take the mark (nothing is handed out).
+        """
+        positions = self.positions
+        if positions is None or not self._handing:
+            return
+        while True:
+            due = [
+                (key, part)
+                for key, part in self._parts.items()
+                if not part.lost and part.next > self._reserved.get(key, -1)
+            ]
+            if not due:
+                return
+            for key, part in due:
+                mark = part.next
+                try:
+                    held = await positions.reserve(*key, mark, self._epochs[key])
+                except Exception as exc:
+                    raise BrokerUnavailable(
+                        f"{self.where}: the records handed out of {key} not recorded: {exc!r}"
+                    ) from exc
+                if self._parts.get(key) is not part:
+                    continue  # revoked meanwhile
+                if held:
+                    self._reserved[key] = max(self._reserved.get(key, -1), mark)
+                else:
+                    self._fenced(key, part)
 
     def _part_of(self, m: Message) -> tuple[TP, PartitionOrder[Message]] | None:
         """The partition ``m`` came from, while this member still owns it."""

@@ -32,11 +32,17 @@ meanings of the other consumers:
   a hint. ``"kafka"``: commit Kafka's group offsets after processing;
 * Kafka keeps no delivery count: a record handed back runs again from its place after
   the backoff (records of its key wait behind it), and ``tx.delivery.delivery_count``
-  counts this consumer's deliveries. A record that kills the worker is counted by the
-  inbox when it pre-counts attempts (``AsyncInbox(precount_attempts=True)``), and is
-  dead-lettered once they reach ``max_attempts``; with an atomic inbox that does not,
-  the consumer logs a warning when it is created (such a record would run again after
-  every restart, never dead-lettered);
+  counts this consumer's deliveries. With ``offsets="store"`` the positions row also
+  keeps the offset below which records were handed to handlers (written before they
+  are): after an assignment, the records from the stored position up to it may have
+  been running when a member died, so each runs **alone and exclusively, its attempt
+  counted in the store first**, as a redelivered message does on the other brokers. A
+  record that kills the worker is then dead-lettered once its counted attempts reach
+  ``max_attempts``, and only it: its neighbours commit once. With ``offsets="kafka"``
+  nothing tells which records a dead member held: only an inbox that pre-counts every
+  attempt (``AsyncInbox(precount_attempts=True)``) counts such a crash (the consumer
+  warns when it is created on an atomic inbox that does not), and the records running
+  beside it are counted too;
 * dead letters go to ``<topic>.dead`` (created when missing) with the ``onceonly-*``
   headers, the original key and value;
 * rebalances: on revoke nothing more is taken from the lost partitions, running
@@ -178,11 +184,12 @@ class KafkaConsumer(ConsumerLoop):
         if partitions < 1 or max_buffer < 1:
             raise ConfigurationError("partitions and max_buffer must be at least 1")
         self.offsets = offsets
-        if inbox.mode != LEASED and not inbox.precount_attempts:
+        if offsets == "kafka" and inbox.mode != LEASED and not inbox.precount_attempts:
             log.warning(
-                "KafkaConsumer(group %r): the inbox does not pre-count attempts, so a record"
-                " whose handler kills the worker is never counted (Kafka keeps no delivery"
-                " count): it runs again after every restart and is never dead-lettered. Pass"
+                "KafkaConsumer(group %r, offsets='kafka'): the inbox does not pre-count"
+                " attempts, so a record whose handler kills the worker is never counted"
+                " (Kafka keeps no delivery count): it runs again after every restart and is"
+                " never dead-lettered. Use offsets='store', or pass"
                 " AsyncInbox(..., precount_attempts=True) to count it (one more write per"
                 " record).",
                 group,
