@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from onceonly._core.sql import validate_identifier
-from onceonly.errors import OnceOnlyError
+from onceonly.errors import OnceOnlyError, StoreUnavailable
 from onceonly.types import AsyncStore
 
 __all__ = ["DEFAULT_TABLE", "PartitionLost", "Positions"]
@@ -42,9 +42,13 @@ __all__ = ["DEFAULT_TABLE", "PartitionLost", "Positions"]
 DEFAULT_TABLE = "onceonly_kafka_positions"
 
 
-class PartitionLost(OnceOnlyError):
+class PartitionLost(StoreUnavailable):
     """The partition was assigned to another member (a rebalance) while this record ran:
-    its transaction rolls back and the record is left to the new owner."""
+    its transaction rolls back and the record is left to the new owner.
+
+    Not the handler's failure: like a lost connection (a :class:`StoreUnavailable`),
+    nothing of the transaction committed and the inbox counts no attempt; the consumer
+    neither retries it nor acks it (the partition's new owner runs the record)."""
 
 
 class Positions:

@@ -451,6 +451,7 @@ class KafkaTransport:
             label=wire.record_id(m),
             # run before here, or perhaps by a member that died: alone, counted first
             redelivered=deliveries > 1 or (m.offset() or 0) < self._suspect_below.get(key, -1),
+            released=lambda: self._part_of(m) is None,
         )
 
     async def widen(self) -> None:

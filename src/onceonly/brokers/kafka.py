@@ -47,7 +47,9 @@ meanings of the other consumers:
   headers, the original key and value;
 * rebalances: on revoke nothing more is taken from the lost partitions, running
   handlers settle (up to ``revoke_timeout``), positions are written and offsets
-  committed; a record whose partition was lost is never acked.
+  committed; a record whose partition was lost is never acked. A transaction that
+  ends after its partition was lost rolls back (:class:`PartitionLost`) and counts no
+  attempt: the new owner runs the record.
 
 Logs go to ``onceonly.brokers.kafka``.
 """
