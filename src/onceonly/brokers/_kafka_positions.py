@@ -26,7 +26,8 @@ only means records the inbox replays after a restart.
 
 The table is created by the consumer when missing (``CREATE TABLE IF NOT EXISTS``);
 statements use ``?`` placeholders, as ``tx.execute`` does, on PostgreSQL, SQLite and
-MySQL/MariaDB.
+MySQL/MariaDB (tested on MariaDB: ``tests/brokers/test_kafka_mysql.py``). The table is
+created in autocommit: MariaDB/MySQL commit an open transaction at any DDL.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ class Positions:
         )
 
     async def create(self) -> None:
-        """Create the table when missing."""
-        async with self.store.transaction(None) as session:
+        """Create the table when missing (in autocommit: MariaDB/MySQL commit any open
+        transaction at DDL, which ends the store's transaction under it)."""
+        async with self.store.session() as session:
             await session.execute(self._ddl())
 
     async def claim(self, topic: str, part: int) -> tuple[int | None, int, int]:
