@@ -86,6 +86,7 @@ class KafkaTransport:
         max_buffer: int,
         ordering: str,
         log: logging.Logger,
+        check_retention: bool = True,
     ) -> None:
         self.topics = list(topics)
         self.ordering = ordering
@@ -100,6 +101,7 @@ class KafkaTransport:
         self.publish_timeout = publish_timeout
         self.position_interval = position_interval
         self.max_buffer = max_buffer
+        self.check_retention = check_retention
         self.log = log
         self.where = f"topics {', '.join(self.topics)} (group {group})"
         self._parts: dict[TP, PartitionOrder[Message]] = {}
@@ -171,8 +173,34 @@ class KafkaTransport:
         self.log.info("consuming %s", self.where)
 
     async def bounds(self, redeliveries: Callable[[float, str], Bound]) -> list[Bound]:
-        """None read: a topic's ``retention.ms`` is not checked here (``onceonly doctor``)."""
-        return []
+        """Each topic's retention (``retention.ms``, DescribeConfigs): the group reads a
+        record again as long as it is kept (a lost position, a reset). A topic whose
+        retention the broker does not report is logged as unknown (never taken as
+        covered); a broker that does not answer is logged too, and nothing is checked."""
+        if not self.check_retention:
+            return []
+        loop = asyncio.get_running_loop()
+        admin = wire.client_config(self.config["bootstrap.servers"], self.config, consumer=False)
+        try:
+            bounds, unknown = await loop.run_in_executor(
+                None, wire.retention_bounds, admin, self.topics, 5.0
+            )
+        except Exception as exc:
+            self.log.warning(
+                "%s: the topics' retention could not be read (%r): the dedup window is not checked",
+                self.where,
+                exc,
+            )
+            return []
+        for topic in unknown:
+            self.log.warning(
+                "%s: the retention of topic %r is unknown (the broker reports no"
+                " retention.ms): the dedup window (the inbox ttl against how long the topic"
+                " keeps a record) cannot be checked; set the topic's retention.ms",
+                self.where,
+                topic,
+            )
+        return bounds
 
     def wake(self) -> None:
         self._woken = True

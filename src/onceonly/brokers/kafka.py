@@ -133,8 +133,10 @@ class KafkaConsumer(ConsumerLoop):
         ordering: ``"key"`` (records with one key in offset order, other keys and
             records without a key at once) or ``"partition"`` (a partition's records
             one at a time, in offset order).
-        dedup_window: ``"warn"``, ``"refuse"`` or ``"off"`` (a topic's retention is not
-            read here; ``onceonly doctor``).
+        dedup_window: at start, the inbox's ttl against each topic's ``retention.ms`` (a
+            group reads a record again as long as the topic keeps it): ``"warn"``,
+            ``"refuse"`` or ``"off"``. A retention the broker does not report is logged
+            as unknown, never taken as covered.
         batch_size: records processed together in one inbox transaction.
         batch_wait: seconds a batch waits for more records once the first arrived.
 
@@ -233,6 +235,7 @@ class KafkaConsumer(ConsumerLoop):
             max_buffer=max(max_buffer, self.concurrency),
             ordering=ordering,
             log=log,
+            check_retention=dedup_window != "off",
         )
 
     def _with_position(self, handler: Handler) -> Handler:
