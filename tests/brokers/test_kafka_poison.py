@@ -13,13 +13,14 @@ a redelivered message does on the other brokers.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
 from tests.brokers._kits import kafka_read_all
-from tests.brokers.test_kafka import Env
+from tests.brokers.test_kafka import Env, _count, eventually
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -77,3 +78,30 @@ async def test_only_the_worker_killing_record_is_dead_lettered(env1: Env, precou
     assert await _dead(env1) == ["r2"], "a good neighbour of the poison was dead-lettered"
     assert sorted(await env1.ledger()) == GOOD  # each good record once, the poison never
     assert exits.count(7) >= 2  # the poison killed the worker (counted) before its end
+
+
+async def test_the_handed_mark_stays_near_the_records_started(env1: Env) -> None:
+    """300 records fetched, 4 handlers at once, SIGKILLed after 20 commits: the handed
+    mark covers the records that may have run and a margin of 32 offsets (``2 *
+    concurrency``, at least 32), not every record fetched; the restarted worker runs
+    the rest, each once."""
+    n = 300
+    await env1.send([(f"k{i % 50}", {"id": f"r{i}"}) for i in range(n)])
+    proc = env1.worker(delay=0.05, concurrency=4)
+    try:
+        await eventually(lambda: _count(env1, 20), timeout=60)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        async with env1.store.transaction() as tx:
+            cur = await tx.execute(f"SELECT next_offset, handed FROM {env1.table}_pos")
+            position, handed = await cur.fetchone()
+        assert position <= len(await env1.ledger()) < handed
+        assert handed - position <= 4 + 32 + 4, (position, handed)  # not n
+        proc = env1.worker(delay=0.0, concurrency=4)
+        await eventually(lambda: _count(env1, n), timeout=90)
+        await asyncio.sleep(0.5)
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    rows = await env1.ledger()
+    assert len(rows) == n and len(set(rows)) == n

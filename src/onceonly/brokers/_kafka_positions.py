@@ -12,8 +12,9 @@ below it; ``-1``: none).
   died: the consumer runs each of them alone, its attempt counted first (Kafka keeps
   no delivery count to say which records come again).
 * **Reserve** (before records are handed to handlers): raise ``handed`` past them, in a
-  transaction of its own, fenced by the epoch. One write covers every record received
-  so far; a member that stops gracefully lowers it to its position again.
+  transaction of its own, fenced by the epoch. One write covers the next record free to
+  run and a margin of offsets after it (``2 * concurrency``, at least 32); a member that
+  stops gracefully lowers it to its position again.
 * **Write**: ``next_offset`` moves forward only (``CASE WHEN next_offset < new``) and
   only while ``epoch`` is the writer's: a zombie's write matches no row, and inside a
   handler's transaction it raises :class:`PartitionLost`, which rolls the handler's

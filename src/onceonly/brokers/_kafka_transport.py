@@ -87,6 +87,7 @@ class KafkaTransport:
         ordering: str,
         log: logging.Logger,
         check_retention: bool = True,
+        reserve_ahead: int = 64,
     ) -> None:
         self.topics = list(topics)
         self.ordering = ordering
@@ -102,6 +103,7 @@ class KafkaTransport:
         self.position_interval = position_interval
         self.max_buffer = max_buffer
         self.check_retention = check_retention
+        self.reserve_ahead = max(1, reserve_ahead)
         self.log = log
         self.where = f"topics {', '.join(self.topics)} (group {group})"
         self._parts: dict[TP, PartitionOrder[Message]] = {}
@@ -445,13 +447,15 @@ class KafkaTransport:
         if not self._handing or limit <= 0:
             return []
         now = time.monotonic()
-        parts = list(self._parts.values())
+        parts = list(self._parts.items())
         out: list[Incoming] = []
         if not parts:
             return out
         self._rr = (self._rr + 1) % len(parts)
-        for part in parts[self._rr :] + parts[: self._rr]:
-            for slot in part.take(limit - len(out), now):
+        marked = self.positions is not None  # nothing past the handed mark goes out
+        for key, part in parts[self._rr :] + parts[: self._rr]:
+            below = self._reserved.get(key, -1) if marked else None
+            for slot in part.take(limit - len(out), now, below):
                 out.append(self._incoming(slot.record, slot.deliveries))
             if len(out) >= limit:
                 break
@@ -492,7 +496,7 @@ class KafkaTransport:
                 exc, self._failure = self._failure, None
                 raise BrokerUnavailable(f"{self.where}: {exc}") from exc
             await self._reserve()
-            out = self._take(limit)  # no await since the reservation: nothing arrived
+            out = self._take(limit)  # past the handed mark: the next receive reserves
             if out or self._woken:
                 self._woken = False
                 return out
@@ -505,9 +509,10 @@ class KafkaTransport:
 
     async def _reserve(self) -> None:
         """Before records are handed to handlers (``offsets="store"``): raise each
-        partition's handed mark in the store past every record received, so that if
-        this member dies with records running, the next one knows which records to run
-        alone (:mod:`._kafka_positions`). One write per partition covers a whole fetch.
+        partition's handed mark in the store past the next record free to run (and
+        ``reserve_ahead`` offsets more, so one write covers that many records), so that
+        if this member dies with records running, the next one knows which records to
+        run alone (:mod:`._kafka_positions`). :meth:`_take` hands out nothing past it.
 
         Raises:
             BrokerUnavailable: the store did not take the mark (nothing is handed out).
@@ -516,15 +521,17 @@ class KafkaTransport:
         if positions is None or not self._handing:
             return
         while True:
+            now = time.monotonic()
             due = [
-                (key, part)
+                (key, part, first)
                 for key, part in self._parts.items()
-                if not part.lost and part.next > self._reserved.get(key, -1)
+                if (first := part.first_free(now)) is not None
+                and first >= self._reserved.get(key, -1)
             ]
             if not due:
                 return
-            for key, part in due:
-                mark = part.next
+            for key, part, first in due:
+                mark = first + self.reserve_ahead
                 try:
                     held = await positions.reserve(*key, mark, self._epochs[key])
                 except Exception as exc:

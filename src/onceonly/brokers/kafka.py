@@ -236,6 +236,9 @@ class KafkaConsumer(ConsumerLoop):
             ordering=ordering,
             log=log,
             check_retention=dedup_window != "off",
+            # one handed-mark write per this many offsets handed out; after a crash, at
+            # most this many records beyond those running were never started
+            reserve_ahead=max(32, 2 * self.concurrency),
         )
 
     def _with_position(self, handler: Handler) -> Handler:
