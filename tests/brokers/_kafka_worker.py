@@ -4,8 +4,9 @@
 Run as ``python -m tests.brokers._kafka_worker '<json config>'``. Mode ``"work"``:
 each record's ``id`` goes into the ledger table (then the handler sleeps ``delay``);
 SIGTERM stops it gracefully; the records whose ``id`` is in ``block`` hang in their handler
-(until the process is killed). Mode ``"crash"``: the handler ends the process with
-``os._exit(7)`` (nothing of the run commits).
+(until the process is killed), those in ``poison`` end the process with ``os._exit(7)``.
+Mode ``"crash"``: the handler ends the process with ``os._exit(7)`` on every record
+(nothing of the run commits).
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ async def main(config: dict[str, Any]) -> None:
     )
     delay = float(config.get("delay", 0.0))
     block = set(config.get("block", ()))
+    poison = set(config.get("poison", ()))
 
     async def handler(payload: Any, tx: onceonly.AsyncTx) -> None:
-        if config["mode"] == "crash":
+        if config["mode"] == "crash" or payload["id"] in poison:
             os._exit(EXIT_IN_HANDLER)
         if payload["id"] in block:
             await asyncio.sleep(3600)
@@ -56,6 +58,7 @@ async def main(config: dict[str, Any]) -> None:
         batch_size=config.get("batch_size", 1),
         batch_wait=0.05,
         concurrency=config.get("concurrency", 16),
+        max_deliveries=config.get("max_deliveries"),
         retry_delay=0.05,
         max_backoff=0.2,
     )

@@ -524,23 +524,28 @@ async def test_a_crash_with_an_earlier_record_in_flight_runs_it_again(
 
 
 @pytest.mark.parametrize("precount", [False, True])
+@pytest.mark.parametrize("offsets", ["kafka", "store"])
 async def test_an_inbox_that_cannot_count_crashes_is_warned_about(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, precount: bool
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, precount: bool, offsets: str
 ) -> None:
-    """Kafka keeps no delivery count: on an atomic inbox that does not pre-count
-    attempts, a record that kills the worker would run after every restart, never
-    dead-lettered. Creating such a consumer warns and names the fix; a pre-counting
-    inbox is not warned about (test_record_that_kills_the_worker_is_dead_lettered)."""
+    """Kafka keeps no delivery count: with offsets="kafka" on an atomic inbox that does
+    not pre-count attempts, a record that kills the worker would run after every
+    restart, never dead-lettered. Creating such a consumer warns and names the fix; a
+    pre-counting inbox is not warned about (test_record_that_kills_the_worker_is_dead_lettered),
+    nor is offsets="store", whose handed marks count such a record
+    (test_kafka_poison.py)."""
     store = onceonly.open_async_store(f"sqlite:///{tmp_path / 'inbox.db'}")
     inbox = onceonly.AsyncInbox(store, consumer="c", precount_attempts=precount)
     caplog.set_level("WARNING", logger="onceonly.brokers.kafka")
     try:
-        KafkaConsumer(inbox, _nothing, topics=["t"], group="g", bootstrap=KAFKA_BOOTSTRAP)
+        KafkaConsumer(
+            inbox, _nothing, topics=["t"], group="g", bootstrap=KAFKA_BOOTSTRAP, offsets=offsets
+        )
     finally:
         await store.close()
     warned = [r for r in caplog.records if "precount_attempts=True" in r.getMessage()]
-    assert (warned == []) is precount
-    if not precount:
+    assert (warned == []) is (precount or offsets == "store")
+    if warned:
         assert warned[0].levelname == "WARNING"
         assert "never dead-lettered" in warned[0].getMessage()
 

@@ -155,9 +155,9 @@ def test_unreachable_broker_is_a_finding(tmp_path: Path) -> None:
     store.migrate()
     store.close()
     dead = f"redis://127.0.0.1:{_free_port()}/0"
-    done = onceonly_cli("doctor", "--url", url, "--broker", dead, "--broker", "kafka://x")
+    done = onceonly_cli("doctor", "--url", url, "--broker", dead, "--broker", "mqtt://x")
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "could not check redis://" in done.stdout and "no checks for kafka://" in done.stdout
+    assert "could not check redis://" in done.stdout and "no checks for mqtt://" in done.stdout
 
 
 def test_pool_smaller_than_the_consumers_concurrency(pg_store_factory: StoreFactory) -> None:

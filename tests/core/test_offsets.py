@@ -71,3 +71,33 @@ def test_a_lost_partition_hands_out_nothing_and_records_before_next_are_ignored(
     p.lost = True
     assert taken(p) == []
     assert p.watermark() == 3
+
+
+def test_take_below_leaves_later_records_free_to_run() -> None:
+    """``below``: only records at lower offsets are handed out; the others stay free and
+    ``first_free`` names the lowest of them (a consumer's handed mark in the store must
+    pass it before it goes out)."""
+    p: PartitionOrder[str] = PartitionOrder(next=0)
+    for offset in range(6):
+        p.add(offset, bytes([offset]), f"r{offset}")
+    assert p.first_free(0.0) == 0
+    assert [s.offset for s in p.take(10, 0.0, below=3)] == [0, 1, 2]
+    assert p.first_free(0.0) == 3
+    assert [s.offset for s in p.take(10, 0.0, below=3)] == []
+    assert [s.offset for s in p.take(2, 0.0, below=10)] == [3, 4]
+    assert p.first_free(0.0) == 5
+
+
+def test_first_free_skips_what_is_out_or_waiting() -> None:
+    """A record handed out, or handed back and still waiting, is not free; a waiting one
+    is free again once its delay is over."""
+    p: PartitionOrder[str] = PartitionOrder(next=0)
+    p.add(0, b"a", "r0")
+    p.add(1, b"a", "r1")
+    p.add(2, b"b", "r2")
+    assert taken(p) == [0, 2]
+    assert p.first_free(0.0) is None
+    p.hand_back(0, not_before=5.0)
+    assert p.first_free(1.0) is None
+    assert p.first_free(5.0) == 0
+    assert [s.offset for s in p.take(10, 5.0, below=1)] == [0]

@@ -81,17 +81,16 @@ class PartitionOrder(Generic[R]):
             heapq.heappush(self._ready, offset)
         return True
 
-    def take(self, limit: int, now: float) -> list[Slot[R]]:
-        """Up to ``limit`` records free to run, lowest offsets first; marks them out."""
+    def take(self, limit: int, now: float, below: int | None = None) -> list[Slot[R]]:
+        """Up to ``limit`` records free to run, lowest offsets first; marks them out.
+        ``below``: only records at lower offsets (the others stay free to run)."""
         if self.lost:
             return []
-        while self._waiting and self._waiting[0][0] <= now:
-            _, offset = heapq.heappop(self._waiting)
-            slot = self._slots.get(offset)
-            if slot is not None and not slot.out:
-                heapq.heappush(self._ready, offset)
+        self._wake(now)
         out: list[Slot[R]] = []
         while self._ready and len(out) < limit:
+            if below is not None and self._ready[0] >= below:
+                break  # the heap's head is its lowest offset: nothing else is below
             offset = heapq.heappop(self._ready)
             slot = self._slots.get(offset)
             if slot is None or slot.out or slot.not_before > now:
@@ -100,6 +99,26 @@ class PartitionOrder(Generic[R]):
             slot.deliveries += 1
             out.append(slot)
         return out
+
+    def first_free(self, now: float) -> int | None:
+        """The lowest offset :meth:`take` would hand out at ``now`` (``None``: none)."""
+        if self.lost:
+            return None
+        self._wake(now)
+        while self._ready:
+            slot = self._slots.get(self._ready[0])
+            if slot is not None and not slot.out and slot.not_before <= now:
+                return slot.offset
+            heapq.heappop(self._ready)  # stale, as take() would find it
+        return None
+
+    def _wake(self, now: float) -> None:
+        """Handed-back records whose delay is over are free to run again."""
+        while self._waiting and self._waiting[0][0] <= now:
+            _, offset = heapq.heappop(self._waiting)
+            slot = self._slots.get(offset)
+            if slot is not None and not slot.out:
+                heapq.heappush(self._ready, offset)
 
     def next_wake(self) -> float | None:
         """When the earliest handed-back record may run again (``None``: none waits)."""

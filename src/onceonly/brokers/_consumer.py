@@ -68,6 +68,7 @@ __all__ = [
     "MessageIds",
     "Prepared",
     "Settlement",
+    "released",
     "decode_body",
     "default_max_deliveries",
     "pause",
@@ -253,10 +254,12 @@ class Deliveries:
         label: str,
         *,
         poison_rule: bool = True,
+        released: Callable[[], bool] | None = None,
     ) -> Settlement | Prepared:
         """What comes before the inbox: the poison rule (:func:`admit`; ``poison_rule``
         false: not applied), decoding and the message id. A :class:`Settlement` when the
-        delivery ends here (unrun)."""
+        delivery ends here (unrun). ``released``: whether the broker took the delivery
+        back (:attr:`Prepared.released`)."""
         refused = admit(delivery_count, self.max_deliveries) if poison_rule else None
         if refused is not None:
             known = None
@@ -273,7 +276,7 @@ class Deliveries:
             message_id = self.ids.resolve(broker_id, payload)
         except Exception as exc:
             return Settlement(self._verdict(exc, Stage.KEY, delivery_count))
-        return Prepared(message_id, payload, delivery(message_id), delivery_count)
+        return Prepared(message_id, payload, delivery(message_id), delivery_count, released)
 
     def judge(
         self,
@@ -366,9 +369,13 @@ class Deliveries:
         inbox = self._counting if counted else self.inbox
         while True:
             raised.clear()
+            if p.is_released():
+                return released(p, None, self.log)
             try:
                 outcome = await inbox.process(p.message_id, p.payload, run, delivery=p.delivery)
             except Exception as exc:
+                if p.is_released():
+                    return released(p, exc, self.log)
                 decided = self.judge(
                     exc,
                     raised.get(p.message_id),
@@ -397,12 +404,40 @@ def _precounting(inbox: AsyncInbox) -> AsyncInbox:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A delivery ready for the inbox: its message id, payload and metadata."""
+    """A delivery ready for the inbox: its message id, payload and metadata.
+
+    ``released``: whether the broker has taken the delivery back (a Kafka rebalance):
+    then it is not run (again), not retried in place, and its settlement is a hand-back
+    that counts nothing (``None``: never)."""
 
     message_id: str
     payload: Any
     delivery: Delivery
     count: int | None
+    released: Callable[[], bool] | None = None
+
+    def is_released(self) -> bool:
+        return self.released is not None and self.released()
+
+
+#: The reason of a delivery's settlement once the broker took it back.
+RELEASED = "released"
+
+
+def released(p: Prepared, exc: BaseException | None, logger: logging.Logger) -> Settlement:
+    """The settlement of a delivery the broker took back (:attr:`Prepared.released`):
+    handed back uncounted, at once (the broker's new holder runs it; a transaction it
+    cut off rolled back, and is no failed attempt)."""
+    cause = exc
+    while cause is not None and cause.__cause__ is not None:
+        cause = cause.__cause__  # the broker's own word (PartitionLost), not its wrapping
+    why = _safe(cause) if cause is not None else None
+    logger.info(
+        "%s: taken back by the broker%s; left to its new holder",
+        p.message_id,
+        f" ({why})" if why else "",
+    )
+    return Settlement(Verdict(Action.RETRY, RELEASED, why, counted=False), p.message_id)
 
 
 def unexpected(exc: BaseException, delay: float) -> Settlement:

@@ -24,7 +24,7 @@ import asyncio
 from collections.abc import Sequence
 
 from onceonly._core.settle import ACK, Action
-from onceonly.brokers._consumer import Deliveries, Prepared, Settlement, pause
+from onceonly.brokers._consumer import Deliveries, Prepared, Settlement, pause, released
 from onceonly.inbox import BatchItem
 
 __all__ = ["run_batch"]
@@ -47,6 +47,14 @@ async def run_batch(
             outcomes = await dv.process_batch(items, handler)
             break
         except Exception as exc:
+            if any(p.is_released() for p in ps):
+                # a rebalance took some back (the batch's position write refused it):
+                # those are left to their new holder; the rest run one at a time
+                dv.log.info("%s: taken back in part by the broker: %s", label, exc)
+                return [
+                    released(p, exc, dv.log) if p.is_released() else await dv.run(p, stop)
+                    for p in ps
+                ]
             by_handler = exc if any(e is exc for e in raised.values()) else None
             decided = dv.judge(exc, by_handler, label=label, count=None, uncounted=uncounted)
             if decided.action is Action.RETRY and not decided.counted:

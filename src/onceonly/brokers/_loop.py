@@ -482,6 +482,7 @@ class ConsumerLoop:
             count,
             d.label,
             poison_rule=poison_rule,
+            released=d.released,
         )
 
     async def _retry(self, d: Incoming, delay: float, stop: asyncio.Event) -> None:

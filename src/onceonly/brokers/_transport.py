@@ -27,6 +27,10 @@ class Incoming:
         label: names the delivery in logs until its message id is known.
         redelivered: the broker's redelivery flag (default: ``delivery_count > 1``).
         content_type: the body's content type (default: the ``content-type`` header).
+        released: whether the broker has taken the delivery back from this consumer
+            (Kafka: its partition went to another member in a rebalance): it is then
+            neither run again nor retried, and a run it cut off is not a failed attempt
+            (``None``: never).
     """
 
     broker_id: str | None
@@ -38,6 +42,7 @@ class Incoming:
     label: str
     redelivered: bool | None = None
     content_type: str | None = None
+    released: Callable[[], bool] | None = None
 
 
 class Transport(Protocol):

@@ -29,7 +29,7 @@ def configure_doctor(parser: argparse.ArgumentParser) -> None:
         "--broker",
         action="append",
         default=[],
-        help="a broker URL to check (redis://, nats://, amqp://)",
+        help="a broker URL to check (redis://, nats://, amqp://, kafka://)",
     )
     parser.add_argument(
         "--ttl",
@@ -40,6 +40,12 @@ def configure_doctor(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream", help="NATS: the JetStream stream the consumer reads")
     parser.add_argument("--consumer", help="NATS: the durable consumer name")
     parser.add_argument("--queue", help="RabbitMQ: the queue the consumer reads")
+    parser.add_argument(
+        "--topic",
+        action="append",
+        default=[],
+        help="Kafka: a topic the consumers read (repeat for several)",
+    )
     parser.add_argument(
         "--rabbitmq-api",
         help="RabbitMQ: the management API URL (default: the AMQP host, port 15672, the"
@@ -76,6 +82,12 @@ def _check_broker(broker: str, args: argparse.Namespace) -> list[Finding]:
             from onceonly.cli._checks_rabbitmq import check_rabbitmq
 
             return check_rabbitmq(broker, args.queue, args.ttl, api=args.rabbitmq_api)
+        if scheme == "kafka":
+            if not args.topic:
+                return [Finding("kafka", "cannot check Kafka without --topic", "pass --topic")]
+            from onceonly.cli._checks_kafka import check_kafka
+
+            return check_kafka(broker, args.topic, args.ttl)
     except ImportError as exc:
         return [Finding(scheme, f"the client library is missing ({exc})", "install the extra")]
     except Exception as exc:  # any client error: report it as a finding, never a traceback
@@ -87,7 +99,11 @@ def _check_broker(broker: str, args: argparse.Namespace) -> list[Finding]:
             )
         ]
     return [
-        Finding("broker", f"no checks for {scheme}:// brokers", "use redis://, nats:// or amqp://")
+        Finding(
+            "broker",
+            f"no checks for {scheme}:// brokers",
+            "use redis://, nats://, amqp:// or kafka://",
+        )
     ]
 
 

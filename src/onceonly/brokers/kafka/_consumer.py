@@ -32,16 +32,24 @@ meanings of the other consumers:
   a hint. ``"kafka"``: commit Kafka's group offsets after processing;
 * Kafka keeps no delivery count: a record handed back runs again from its place after
   the backoff (records of its key wait behind it), and ``tx.delivery.delivery_count``
-  counts this consumer's deliveries. A record that kills the worker is counted by the
-  inbox when it pre-counts attempts (``AsyncInbox(precount_attempts=True)``), and is
-  dead-lettered once they reach ``max_attempts``; with an atomic inbox that does not,
-  the consumer logs a warning when it is created (such a record would run again after
-  every restart, never dead-lettered);
+  counts this consumer's deliveries. With ``offsets="store"`` the positions row also
+  keeps the offset below which records were handed to handlers (written before they
+  are): after an assignment, the records from the stored position up to it may have
+  been running when a member died, so each runs **alone and exclusively, its attempt
+  counted in the store first**, as a redelivered message does on the other brokers. A
+  record that kills the worker is then dead-lettered once its counted attempts reach
+  ``max_attempts``, and only it: its neighbours commit once. With ``offsets="kafka"``
+  nothing tells which records a dead member held: only an inbox that pre-counts every
+  attempt (``AsyncInbox(precount_attempts=True)``) counts such a crash (the consumer
+  warns when it is created on an atomic inbox that does not), and the records running
+  beside it are counted too;
 * dead letters go to ``<topic>.dead`` (created when missing) with the ``onceonly-*``
   headers, the original key and value;
 * rebalances: on revoke nothing more is taken from the lost partitions, running
   handlers settle (up to ``revoke_timeout``), positions are written and offsets
-  committed; a record whose partition was lost is never acked.
+  committed; a record whose partition was lost is never acked. A transaction that
+  ends after its partition was lost rolls back (:class:`PartitionLost`) and counts no
+  attempt: the new owner runs the record.
 
 Logs go to ``onceonly.brokers.kafka``.
 """
@@ -122,8 +130,10 @@ class KafkaConsumer(ConsumerLoop):
         ordering: ``"key"`` (records with one key in offset order, other keys and
             records without a key at once) or ``"partition"`` (a partition's records
             one at a time, in offset order).
-        dedup_window: ``"warn"``, ``"refuse"`` or ``"off"`` (a topic's retention is not
-            read here; ``onceonly doctor``).
+        dedup_window: at start, the inbox's ttl against each topic's ``retention.ms`` (a
+            group reads a record again as long as the topic keeps it): ``"warn"``,
+            ``"refuse"`` or ``"off"``. A retention the broker does not report is logged
+            as unknown, never taken as covered.
         batch_size: records processed together in one inbox transaction.
         batch_wait: seconds a batch waits for more records once the first arrived.
 
@@ -175,11 +185,12 @@ class KafkaConsumer(ConsumerLoop):
         if partitions < 1 or max_buffer < 1:
             raise ConfigurationError("partitions and max_buffer must be at least 1")
         self.offsets = offsets
-        if inbox.mode != "leased" and not inbox.precount_attempts:
+        if offsets == "kafka" and inbox.mode != "leased" and not inbox.precount_attempts:
             log.warning(
-                "KafkaConsumer(group %r): the inbox does not pre-count attempts, so a record"
-                " whose handler kills the worker is never counted (Kafka keeps no delivery"
-                " count): it runs again after every restart and is never dead-lettered. Pass"
+                "KafkaConsumer(group %r, offsets='kafka'): the inbox does not pre-count"
+                " attempts, so a record whose handler kills the worker is never counted"
+                " (Kafka keeps no delivery count): it runs again after every restart and is"
+                " never dead-lettered. Use offsets='store', or pass"
                 " AsyncInbox(..., precount_attempts=True) to count it (one more write per"
                 " record).",
                 group,
@@ -221,6 +232,10 @@ class KafkaConsumer(ConsumerLoop):
             max_buffer=max(max_buffer, self.concurrency),
             ordering=ordering,
             log=log,
+            check_retention=dedup_window != "off",
+            # one handed-mark write per this many offsets handed out; after a crash, at
+            # most this many records beyond those running were never started
+            reserve_ahead=max(32, 2 * self.concurrency),
         )
 
     def _with_position(self, handler: Handler) -> Handler:

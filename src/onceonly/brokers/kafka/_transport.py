@@ -16,6 +16,10 @@
   committed offset, then the earliest); a handler's transaction writes the position in
   the same commit as its effects; a periodic flush writes what acks without a
   transaction moved (replays, dead letters). Kafka's group offsets follow as a hint.
+  Before records are handed to handlers, their partition's handed mark is raised past
+  them; on assignment the records between the stored position and that mark (a dead
+  member may have been running them) are delivered as redelivered: the loop runs each
+  alone, its attempt counted first.
 * **Rebalances.** On revoke: nothing more is handed out from the lost partitions;
   the records running there settle (up to ``revoke_timeout``); their positions are
   written and Kafka's offsets committed; then the partitions are dropped. A record
@@ -82,6 +86,8 @@ class KafkaTransport:
         max_buffer: int,
         ordering: str,
         log: logging.Logger,
+        check_retention: bool = True,
+        reserve_ahead: int = 64,
     ) -> None:
         self.topics = list(topics)
         self.ordering = ordering
@@ -96,10 +102,17 @@ class KafkaTransport:
         self.publish_timeout = publish_timeout
         self.position_interval = position_interval
         self.max_buffer = max_buffer
+        self.check_retention = check_retention
+        self.reserve_ahead = max(1, reserve_ahead)
         self.log = log
         self.where = f"topics {', '.join(self.topics)} (group {group})"
         self._parts: dict[TP, PartitionOrder[Message]] = {}
         self._epochs: dict[TP, int] = {}
+        #: per partition: the records below it (from the position on) may have been
+        #: running when an earlier member died (read on assignment)
+        self._suspect_below: dict[TP, int] = {}
+        #: per partition: the handed mark this member made sure the store holds
+        self._reserved: dict[TP, int] = {}
         self._owner: dict[int, tuple[TP, PartitionOrder[Message]]] = {}  # id(msg) ->
         self._kafka_committed: dict[TP, int] = {}
         self._dirty: set[TP] = set()
@@ -162,8 +175,34 @@ class KafkaTransport:
         self.log.info("consuming %s", self.where)
 
     async def bounds(self, redeliveries: Callable[[float, str], Bound]) -> list[Bound]:
-        """None read: a topic's ``retention.ms`` is not checked here (``onceonly doctor``)."""
-        return []
+        """Each topic's retention (``retention.ms``, DescribeConfigs): the group reads a
+        record again as long as it is kept (a lost position, a reset). A topic whose
+        retention the broker does not report is logged as unknown (never taken as
+        covered); a broker that does not answer is logged too, and nothing is checked."""
+        if not self.check_retention:
+            return []
+        loop = asyncio.get_running_loop()
+        admin = wire.client_config(self.config["bootstrap.servers"], self.config, consumer=False)
+        try:
+            bounds, unknown = await loop.run_in_executor(
+                None, wire.retention_bounds, admin, self.topics, 5.0
+            )
+        except Exception as exc:
+            self.log.warning(
+                "%s: the topics' retention could not be read (%r): the dedup window is not checked",
+                self.where,
+                exc,
+            )
+            return []
+        for topic in unknown:
+            self.log.warning(
+                "%s: the retention of topic %r is unknown (the broker reports no"
+                " retention.ms): the dedup window (the inbox ttl against how long the topic"
+                " keeps a record) cannot be checked; set the topic's retention.ms",
+                self.where,
+                topic,
+            )
+        return bounds
 
     def wake(self) -> None:
         self._woken = True
@@ -303,12 +342,12 @@ class KafkaTransport:
     async def _assigned(self, tps: list[TP]) -> dict[TP, int | None]:
         starts: dict[TP, int | None] = {}
         for key in tps:
-            position, epoch = None, 0
+            position, epoch, handed = None, 0, -1
             if self.positions is not None:
                 failures = 0
                 while True:
                     try:
-                        position, epoch = await self.positions.claim(*key)
+                        position, epoch, handed = await self.positions.claim(*key)
                         break
                     except Exception as exc:
                         failures += 1
@@ -324,7 +363,17 @@ class KafkaTransport:
                 stored=-1 if position is None else position,
             )
             self._epochs[key] = epoch
+            self._suspect_below[key] = self._reserved[key] = handed
             starts[key] = position
+            if handed > (position or 0):
+                self.log.info(
+                    "%s: %s: the records from offset %s to %s may have been running when a"
+                    " member died: each runs alone, its attempt counted first",
+                    self.where,
+                    key,
+                    position or 0,
+                    handed - 1,
+                )
         self.log.info("%s: assigned %s", self.where, starts)
         return starts
 
@@ -343,10 +392,16 @@ class KafkaTransport:
                 if mark < 0:
                     continue
                 offsets[key] = mark
-                if self.positions is not None and mark > p.stored:
+                # nothing of ours runs any more: the records at and after the position
+                # are suspects for the next member only if they already were
+                handed = None
+                if not p.in_flight() and self._reserved.get(key, -1) > mark:
+                    handed = max(mark, self._suspect_below.get(key, -1))
+                if self.positions is not None and (mark > p.stored or handed is not None):
                     try:
-                        if await self.positions.write(*key, mark, self._epochs[key]):
-                            p.stored = mark
+                        epoch = self._epochs[key]
+                        if await self.positions.write(*key, mark, epoch, handed=handed):
+                            p.stored = max(p.stored, mark)
                     except Exception as exc:
                         self.log.warning("%s: position of %s not written: %r", self.where, key, exc)
         for key in parts:
@@ -357,6 +412,8 @@ class KafkaTransport:
     def _drop(self, key: TP) -> None:
         part = self._parts.pop(key, None)
         self._epochs.pop(key, None)
+        self._suspect_below.pop(key, None)
+        self._reserved.pop(key, None)
         self._dirty.discard(key)
         self._kafka_committed.pop(key, None)
         if part is not None:
@@ -390,13 +447,15 @@ class KafkaTransport:
         if not self._handing or limit <= 0:
             return []
         now = time.monotonic()
-        parts = list(self._parts.values())
+        parts = list(self._parts.items())
         out: list[Incoming] = []
         if not parts:
             return out
         self._rr = (self._rr + 1) % len(parts)
-        for part in parts[self._rr :] + parts[: self._rr]:
-            for slot in part.take(limit - len(out), now):
+        marked = self.positions is not None  # nothing past the handed mark goes out
+        for key, part in parts[self._rr :] + parts[: self._rr]:
+            below = self._reserved.get(key, -1) if marked else None
+            for slot in part.take(limit - len(out), now, below):
                 out.append(self._incoming(slot.record, slot.deliveries))
             if len(out) >= limit:
                 break
@@ -407,6 +466,7 @@ class KafkaTransport:
         return min(wakes) - time.monotonic() if wakes else None
 
     def _incoming(self, m: Message, deliveries: int) -> Incoming:
+        key = (m.topic() or "", m.partition() or 0)
         headers = wire.headers_of(m)
         given = headers.get(HEADER_MESSAGE_ID)
         if isinstance(given, str) and given:
@@ -421,7 +481,9 @@ class KafkaTransport:
             source=m.topic() or "",
             raw=m,
             label=wire.record_id(m),
-            redelivered=deliveries > 1,
+            # run before here, or perhaps by a member that died: alone, counted first
+            redelivered=deliveries > 1 or (m.offset() or 0) < self._suspect_below.get(key, -1),
+            released=lambda: self._part_of(m) is None,
         )
 
     async def widen(self) -> None:
@@ -433,7 +495,8 @@ class KafkaTransport:
             if self._failure is not None:
                 exc, self._failure = self._failure, None
                 raise BrokerUnavailable(f"{self.where}: {exc}") from exc
-            out = self._take(limit)
+            await self._reserve()
+            out = self._take(limit)  # past the handed mark: the next receive reserves
             if out or self._woken:
                 self._woken = False
                 return out
@@ -443,6 +506,44 @@ class KafkaTransport:
                 await asyncio.wait_for(
                     self._arrived.wait(), None if wait is None else max(wait, 0.001)
                 )
+
+    async def _reserve(self) -> None:
+        """Before records are handed to handlers (``offsets="store"``): raise each
+        partition's handed mark in the store past the next record free to run (and
+        ``reserve_ahead`` offsets more, so one write covers that many records), so that
+        if this member dies with records running, the next one knows which records to
+        run alone (:mod:`._kafka_positions`). :meth:`_take` hands out nothing past it.
+
+        Raises:
+            BrokerUnavailable: the store did not take the mark (nothing is handed out).
+        """
+        positions = self.positions
+        if positions is None or not self._handing:
+            return
+        while True:
+            now = time.monotonic()
+            due = [
+                (key, part, first)
+                for key, part in self._parts.items()
+                if (first := part.first_free(now)) is not None
+                and first >= self._reserved.get(key, -1)
+            ]
+            if not due:
+                return
+            for key, part, first in due:
+                mark = first + self.reserve_ahead
+                try:
+                    held = await positions.reserve(*key, mark, self._epochs[key])
+                except Exception as exc:
+                    raise BrokerUnavailable(
+                        f"{self.where}: the records handed out of {key} not recorded: {exc!r}"
+                    ) from exc
+                if self._parts.get(key) is not part:
+                    continue  # revoked meanwhile
+                if held:
+                    self._reserved[key] = max(self._reserved.get(key, -1), mark)
+                else:
+                    self._fenced(key, part)
 
     def _part_of(self, m: Message) -> tuple[TP, PartitionOrder[Message]] | None:
         """The partition ``m`` came from, while this member still owns it."""

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # exported at run time
+    AdminClient,
+    ConfigResource,
+    ResourceType,
+)
 from confluent_kafka.cimpl import NewTopic
 
+from onceonly._core.window import Bound
 from onceonly.errors import BrokerUnavailable, ConfigurationError, PublishError
 from onceonly.messaging import HEADER_KEY, HEADER_MESSAGE_ID, OutboxMessage
 
@@ -30,6 +36,7 @@ __all__ = [
     "headers_of",
     "outbound_headers",
     "record_id",
+    "retention_bounds",
 ]
 
 #: Client settings that only a consumer takes (left out of the producer's and admin's).
@@ -248,3 +255,56 @@ def partitions_of(
         raise BrokerUnavailable(f"cannot list the topics: {exc}") from exc
     wanted = set(topics)
     return {n: len(t.partitions) for n, t in meta.topics.items() if n in wanted and t.error is None}
+
+
+def retention_bounds(
+    config: Mapping[str, Any], topics: Iterable[str], timeout: float = 10.0
+) -> tuple[list[Bound], list[str]]:
+    """How long each topic keeps a record (blocking): a group may read a record again
+    (a reset, a lost position) as long as it is kept. Returns the bounds read
+    (``retention.ms``; ``math.inf`` for ``-1`` or a compacted topic that deletes
+    nothing) and the topics whose retention the broker did not report (unknown: a
+    missing topic, or a broker that answers ``DescribeConfigs`` without it, as Tansu
+    does for a topic created without one).
+
+    Raises:
+        BrokerUnavailable: the broker did not answer.
+    """
+    admin = AdminClient(dict(config))
+    names = list(dict.fromkeys(topics))
+    futures = admin.describe_configs(
+        [ConfigResource(ResourceType.TOPIC, t) for t in names], request_timeout=timeout
+    )
+    bounds: list[Bound] = []
+    unknown: list[str] = []
+    for resource, future in futures.items():
+        name = resource.name
+        try:
+            entries = future.result(timeout)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and (err.code() in _TRANSIENT or err.retriable()):
+                raise BrokerUnavailable(
+                    f"cannot read the configs of topic {name!r}: {exc}"
+                ) from exc
+            unknown.append(name)
+            continue
+        policy = entries.get("cleanup.policy")
+        retention = entries.get("retention.ms")
+        if (
+            policy is not None
+            and "compact" in str(policy.value)
+            and "delete" not in str(policy.value)
+        ):
+            bounds.append(Bound(f"topic {name} cleanup.policy={policy.value}", math.inf))
+        elif retention is None or retention.value is None:
+            unknown.append(name)
+        else:
+            try:
+                ms = int(retention.value)
+            except ValueError:
+                unknown.append(name)
+                continue
+            seconds = math.inf if ms < 0 else ms / 1000
+            bounds.append(Bound(f"topic {name} retention.ms", seconds))
+    return bounds, sorted(unknown, key=names.index)

@@ -50,19 +50,31 @@ async def create_tables(
     records_ddl: list[sql.Composed],
 ) -> None:
     """The schema table, the records table (``records_ddl``), the outbox table, and
-    their version rows; refuses a table made by a newer onceonly."""
+    their version rows; refuses a table made by a newer onceonly.
+
+    When the recorded versions are already current it issues no DDL at all: DDL on a
+    table in use (``CREATE INDEX IF NOT EXISTS`` takes a SHARE lock even when the index
+    exists, the outbox trigger's ``CREATE`` likewise) waits for every open transaction
+    on it, a worker's batch idle in its transaction included, and every statement
+    queued behind it waits too."""
     component = f"records:{table}"
-    schema = sql.Identifier(SCHEMA_TABLE)
-    await conn.execute(schema_table_ddl())
-    cur = await conn.execute(
-        sql.SQL("SELECT version FROM {} WHERE component = %s").format(schema), (component,)
-    )
-    row = await cur.fetchone()
-    if row is not None and row[0] > SCHEMA_VERSION:
+    versions = await _versions(conn, [component, f"outbox:{outbox_table}"])
+    recorded = versions.get(component)
+    if recorded is not None and recorded > SCHEMA_VERSION:
         raise ConfigurationError(
-            f"table {table!r} has schema version {row[0]}; this onceonly "
+            f"table {table!r} has schema version {recorded}; this onceonly "
             f"knows up to {SCHEMA_VERSION}: upgrade onceonly"
         )
+    if (
+        recorded == SCHEMA_VERSION
+        and (
+            outbox_table is None or versions.get(f"outbox:{outbox_table}") == OUTBOX_SCHEMA_VERSION
+        )
+        and await table_exists(conn, table)
+        and (outbox_table is None or await table_exists(conn, outbox_table))
+    ):
+        return  # current (a table dropped by hand since is created again below)
+    await conn.execute(schema_table_ddl())
     for ddl in records_ddl:
         await conn.execute(ddl)
     record_version = version_upsert()
@@ -71,3 +83,18 @@ async def create_tables(
         for outbox_ddl in PostgresOutboxSQL(outbox_table).migrate():
             await conn.execute(outbox_ddl)
         await conn.execute(record_version, (f"outbox:{outbox_table}", OUTBOX_SCHEMA_VERSION))
+
+
+async def _versions(conn: psycopg.AsyncConnection[Any], components: list[str]) -> dict[str, int]:
+    """The recorded schema versions of ``components`` (none before the schema table)."""
+    cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (SCHEMA_TABLE,))
+    row = await cur.fetchone()
+    if row is None or not row[0]:
+        return {}
+    cur = await conn.execute(
+        sql.SQL("SELECT component, version FROM {} WHERE component = ANY(%s)").format(
+            sql.Identifier(SCHEMA_TABLE)
+        ),
+        (components,),
+    )
+    return {str(c): int(v) for c, v in await cur.fetchall()}
