@@ -104,7 +104,8 @@ _MOVED = {
 
 
 class _MovedModule(_abc.MetaPathFinder, _abc.Loader):
-    """Imports a moved module's package face under the old name, with a warning."""
+    """Imports a moved module under its old name, with a warning: a module of its own
+    (the package face keeps its name and spec) holding the face's public names."""
 
     def find_spec(
         self, fullname: str, path: object, target: object = None
@@ -112,14 +113,41 @@ class _MovedModule(_abc.MetaPathFinder, _abc.Loader):
         return _util.spec_from_loader(fullname, self) if fullname in _MOVED else None
 
     def create_module(self, spec: _machinery.ModuleSpec) -> _types.ModuleType:
-        face = _MOVED[spec.name]
+        face = _importlib.import_module(_MOVED[spec.name])
         _warnings.warn(
-            f"{spec.name} moved: import from {face} instead", DeprecationWarning, stacklevel=2
+            f"{spec.name} moved: import from {face.__name__} instead",
+            DeprecationWarning,
+            stacklevel=_caller_level(),
         )
-        return _importlib.import_module(face)
+        alias = _types.ModuleType(spec.name, face.__doc__)
+        names = list(getattr(face, "__all__", ()))
+        alias.__dict__.update({name: getattr(face, name) for name in names})
+        alias.__all__ = names  # type: ignore[attr-defined]
+        return alias
 
     def exec_module(self, module: _types.ModuleType) -> None:
         pass
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside the import machinery, so the
+    warning names the user's line also for ``importlib.import_module(old)``.
+
+    ``warnings`` already skips the frames of ``importlib._bootstrap``; the frames of
+    ``importlib/__init__.py`` (``import_module``) it counts, so they are added here.
+    """
+    level, walk = 2, _sys._getframe(2)  # 2: the caller of create_module
+    frame: _types.FrameType | None = walk
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if "importlib" in name and "_bootstrap" in name:
+            pass  # skipped by warnings itself
+        elif name.endswith("importlib/__init__.py"):
+            level += 1
+        else:
+            break
+        frame = frame.f_back
+    return level
 
 
 _sys.meta_path.append(_MovedModule())
