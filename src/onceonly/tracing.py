@@ -11,7 +11,7 @@ the relay sends the headers with the message, and a broker consumer's delivery c
 them back, so the consumer's ``onceonly.process`` span becomes a child of the span that
 was current at publish time (W3C ``traceparent``, or whatever propagator is set).
 
-Attributes: ``onceonly.scope``, ``onceonly.inbox._outcome``, ``onceonly.attempt``; the key
+Attributes: ``onceonly.scope``, ``onceonly.outcome``, ``onceonly.attempt``; the key
 (``onceonly.key``) only with ``key_attribute=True``: keys may carry personal data.
 
 .. versionadded:: 0.2
