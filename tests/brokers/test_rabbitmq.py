@@ -74,6 +74,18 @@ class Broker:
             if not channel.is_closed:
                 await channel.close()
 
+    async def consumers(self, queue: str) -> int:
+        """Consumers attached to ``queue``; -1: no such queue."""
+        channel = await self.connection.channel()
+        try:
+            declared = await channel.declare_queue(queue, passive=True)
+            return int(declared.declaration_result.consumer_count or 0)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return -1
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+
     async def take(self, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
         """Every message ready in ``queue``, acked."""
         q = await (await self.chan()).get_queue(queue)
@@ -438,7 +450,10 @@ async def test_run_raises_when_a_given_connection_is_lost(broker: Broker, db: Db
     connection = await aio_pika.connect(AMQP_URL)
     c = consumer(db, handler, queue, connection=connection)
     task = asyncio.ensure_future(c.run())
-    await until_count(broker, queue, 0)
+    deadline = asyncio.get_running_loop().time() + 10
+    while await broker.consumers(queue) != 1:  # consuming, not still opening (that raises
+        assert asyncio.get_running_loop().time() < deadline  # ConnectionClosed instead)
+        await asyncio.sleep(0.05)
     await connection.close()
     with pytest.raises(aiormq.exceptions.ChannelInvalidStateError, match="closed"):
         await asyncio.wait_for(task, 5)
