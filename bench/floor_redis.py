@@ -1,0 +1,192 @@
+# SPDX-License-Identifier: MIT
+"""Leased ``@onceonly.idempotent`` on ``RedisStore`` against the Redis floor, interleaved.
+
+The floor is what any Redis idempotency layer must at least send, with redis-py:
+
+* **new key**: ``SET key v NX EX lease`` (the claim), then ``SET key result EX ttl``
+  (the completion): two commands;
+* **replay**: one ``SET key v NX EX lease`` that fails (the key is there).
+
+onceonly protects a no-op ``f(key) -> 1`` with ``@idempotent(store, lease=30,
+ttl=3600)``; new keys are never seen before, replays cycle over keys completed
+beforehand. Concurrency 1 and 8 (threads). onceonly and the floor alternate in
+``--slice`` second slices (medians of ``--slices``), so both see the same machine load;
+the load average is printed before and after. A private ``redis-server`` on a free
+port keeps other programs' traffic out of the server (the CPU is still shared).
+
+Round trips are counted in a separate untimed pass: one per ``send_packed_command``
+of a redis-py connection (a pipeline's commands would count once).
+
+    .venv/bin/python bench/floor_redis.py [--slices 8] [--slice 0.5]
+
+Whether redis-py parses replies with hiredis is printed (``pip install hiredis``, or
+the ``redis`` extra, which brings it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+import redis.connection
+import redis.utils
+
+import onceonly
+
+SENT = [0]
+REPLAY_KEYS = 1000
+
+
+def _count_sends() -> None:
+    cls: Any = redis.connection.AbstractConnection
+    original = cls.send_packed_command
+
+    def send(self: Any, *args: Any, **kwargs: Any) -> Any:
+        SENT[0] += 1
+        return original(self, *args, **kwargs)
+
+    cls.send_packed_command = send
+
+
+def start_redis() -> tuple[subprocess.Popen[bytes], int, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    home = tempfile.mkdtemp(prefix="floor-redis-")
+    binary = shutil.which("redis-server") or "redis-server"
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", home],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return proc, port, home
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def rate(fn: Callable[[int], Any], threads: int, seconds: float) -> float:
+    """Calls per second of ``fn(thread index)`` by ``threads`` threads for ``seconds``."""
+    counts = [0] * threads
+    stop = threading.Event()
+    barrier = threading.Barrier(threads + 1)
+
+    def work(i: int) -> None:
+        barrier.wait()
+        n = 0
+        while not stop.is_set():
+            fn(i)
+            n += 1
+        counts[i] = n
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for t in pool:
+        t.join()
+    return sum(counts) / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--slices", type=int, default=8, help="slices per library and cell")
+    parser.add_argument("--slice", type=float, default=0.5, help="seconds per slice")
+    args = parser.parse_args()
+    _count_sends()
+    proc, port, home = start_redis()
+    url = f"redis://127.0.0.1:{port}/0"
+    store = onceonly.open_store(url, prefix="oo:")
+    store.migrate()
+    client = redis.Redis(port=port)
+
+    @onceonly.idempotent(store, key=lambda k: k, scope="bench.f", lease=30, ttl=3600)
+    def f(k: str) -> int:
+        return 1
+
+    fresh = itertools.count()
+    cycle = itertools.count()  # itertools counters are safe to share between threads
+
+    def oo_new(i: int) -> None:
+        f(f"n-{next(fresh)}")
+
+    def oo_replay(i: int) -> None:
+        f(f"r-{next(cycle) % REPLAY_KEYS}")
+
+    def floor_new(i: int) -> None:
+        k = f"fl:n-{next(fresh)}"
+        client.set(k, "in_progress", nx=True, ex=30)
+        client.set(k, "1", ex=3600)
+
+    def floor_replay(i: int) -> None:
+        client.set(f"fl:r-{next(cycle) % REPLAY_KEYS}", "in_progress", nx=True, ex=30)
+
+    cells: dict[str, dict[str, Callable[[int], None]]] = {
+        "new": {"onceonly": oo_new, "floor": floor_new},
+        "replay": {"onceonly": oo_replay, "floor": floor_replay},
+    }
+    try:
+        for i in range(REPLAY_KEYS):
+            f(f"r-{i}")
+            client.set(f"fl:r-{i}", "1", ex=3600)
+        trips = {}
+        for workload, pair in cells.items():
+            for name, fn in pair.items():
+                SENT[0] = 0
+                for _ in range(200):
+                    fn(0)
+                trips[workload, name] = SENT[0] / 200
+        load_before = os.getloadavg()
+        rates: dict[tuple[str, str, int], float] = {}
+        for workload, pair in cells.items():
+            for threads in (1, 8):
+                got: dict[str, list[float]] = {name: [] for name in pair}
+                for _ in range(args.slices):  # alternate: both see the same load
+                    for name, fn in pair.items():
+                        got[name].append(rate(fn, threads, args.slice))
+                for name in pair:
+                    rates[workload, name, threads] = statistics.median(got[name])
+        load_after = os.getloadavg()
+    finally:
+        store.close()
+        client.close()
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(home, ignore_errors=True)
+    print(
+        f"@idempotent no-op on RedisStore vs the floor; calls/s, median of {args.slices} "
+        f"slices of {args.slice:g} s, interleaved; hiredis: {redis.utils.HIREDIS_AVAILABLE}"
+    )
+    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (2 cores)")
+    print(f"{'workload':<8} {'conc':>4} {'onceonly/s':>11} {'floor/s':>9} {'ratio':>6}  trips")
+    for workload in cells:
+        for threads in (1, 8):
+            ours, floor = rates[workload, "onceonly", threads], rates[workload, "floor", threads]
+            print(
+                f"{workload:<8} {'c' + str(threads):>4} {ours:>11,.0f} {floor:>9,.0f} "
+                f"{ours / floor:>5.2f}x  {trips[workload, 'onceonly']:g} vs "
+                f"{trips[workload, 'floor']:g}"
+            )
+
+
+if __name__ == "__main__":
+    main()
