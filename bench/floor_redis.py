@@ -12,7 +12,9 @@ ttl=3600)``; new keys are never seen before, replays cycle over keys completed
 beforehand. Concurrency 1 and 8 (threads). onceonly and the floor alternate in
 ``--slice`` second slices (medians of ``--slices``), so both see the same machine load;
 the load average is printed before and after. A private ``redis-server`` on a free
-port keeps other programs' traffic out of the server (the CPU is still shared).
+port keeps other programs' traffic out of the server (the CPU is still shared). CPU per
+call is summed over all slices: this process (user + system) and the ``redis-server``
+(from ``/proc``, 10 ms ticks), which moves less with the machine's load than calls/s.
 
 Round trips are counted in a separate untimed pass: one per ``send_packed_command``
 of a redis-py connection (a pipeline's commands would count once).
@@ -81,8 +83,16 @@ def start_redis() -> tuple[subprocess.Popen[bytes], int, str]:
             time.sleep(0.05)
 
 
-def rate(fn: Callable[[int], Any], threads: int, seconds: float) -> float:
-    """Calls per second of ``fn(thread index)`` by ``threads`` threads for ``seconds``."""
+def server_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the process ``pid`` used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rate(fn: Callable[[int], Any], threads: int, seconds: float) -> tuple[float, int]:
+    """Calls per second of ``fn(thread index)`` by ``threads`` threads for ``seconds``,
+    and the number of calls."""
     counts = [0] * threads
     stop = threading.Event()
     barrier = threading.Barrier(threads + 1)
@@ -104,7 +114,7 @@ def rate(fn: Callable[[int], Any], threads: int, seconds: float) -> float:
     stop.set()
     for t in pool:
         t.join()
-    return sum(counts) / (time.perf_counter() - started)
+    return sum(counts) / (time.perf_counter() - started), sum(counts)
 
 
 def main() -> None:
@@ -157,14 +167,26 @@ def main() -> None:
                 trips[workload, name] = SENT[0] / 200
         load_before = os.getloadavg()
         rates: dict[tuple[str, str, int], float] = {}
+        cpu: dict[tuple[str, str, int], tuple[float, float]] = {}
         for workload, pair in cells.items():
             for threads in (1, 8):
                 got: dict[str, list[float]] = {name: [] for name in pair}
+                used = {name: [0, 0.0, 0.0] for name in pair}  # calls, client s, server s
                 for _ in range(args.slices):  # alternate: both see the same load
                     for name, fn in pair.items():
-                        got[name].append(rate(fn, threads, args.slice))
+                        client0, server0 = time.process_time(), server_cpu(proc.pid)
+                        per_second, calls = rate(fn, threads, args.slice)
+                        got[name].append(per_second)
+                        used[name][0] += calls
+                        used[name][1] += time.process_time() - client0
+                        used[name][2] += server_cpu(proc.pid) - server0
                 for name in pair:
                     rates[workload, name, threads] = statistics.median(got[name])
+                    calls, client_s, server_s = used[name]
+                    cpu[workload, name, threads] = (
+                        client_s / calls * 1e6,
+                        server_s / calls * 1e6,
+                    )
         load_after = os.getloadavg()
     finally:
         store.close()
@@ -177,14 +199,19 @@ def main() -> None:
         f"slices of {args.slice:g} s, interleaved; hiredis: {redis.utils.HIREDIS_AVAILABLE}"
     )
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (2 cores)")
-    print(f"{'workload':<8} {'conc':>4} {'onceonly/s':>11} {'floor/s':>9} {'ratio':>6}  trips")
+    print(
+        f"{'workload':<8} {'conc':>4} {'onceonly/s':>11} {'floor/s':>9} {'ratio':>6}  "
+        f"{'CPU µs/call client + server: onceonly':<38} {'floor':<14} trips"
+    )
     for workload in cells:
         for threads in (1, 8):
             ours, floor = rates[workload, "onceonly", threads], rates[workload, "floor", threads]
+            oc, os_ = cpu[workload, "onceonly", threads]
+            fc, fs = cpu[workload, "floor", threads]
             print(
                 f"{workload:<8} {'c' + str(threads):>4} {ours:>11,.0f} {floor:>9,.0f} "
-                f"{ours / floor:>5.2f}x  {trips[workload, 'onceonly']:g} vs "
-                f"{trips[workload, 'floor']:g}"
+                f"{ours / floor:>5.2f}x  {f'{oc:.0f} + {os_:.0f}':<38} {f'{fc:.0f} + {fs:.0f}':<14}"
+                f" {trips[workload, 'onceonly']:g} vs {trips[workload, 'floor']:g}"
             )
 
 
