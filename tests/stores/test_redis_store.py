@@ -139,6 +139,43 @@ def test_round_trips_new_key_and_replay(store: Any, monkeypatch: pytest.MonkeyPa
     assert (new, replay) == ([claim, [b"*8", b"EVALSHA", b"$40", b"1"]], [claim])
 
 
+async def test_async_round_trips_new_key_and_replay(
+    factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The async store on the wire: 2 requests for a new key, 1 for a replay, the same
+    EVALSHA commands as the sync store's."""
+    import redis.asyncio.connection
+
+    require_redis()
+    sent: list[bytes] = []
+    cls: Any = redis.asyncio.connection.AbstractConnection
+    original = cls.send_packed_command
+
+    async def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(command if isinstance(command, bytes) else b"".join(command))
+        return await original(self, command, *args, **kwargs)
+
+    astore = onceonly.open_async_store(REDIS_URL, prefix=factory.table)
+    await astore.migrate()
+    monkeypatch.setattr(cls, "send_packed_command", counted)
+    try:
+
+        @onceonly.idempotent(astore, key=lambda n: str(n), scope="double", lease=30)
+        async def f(n: int) -> int:
+            return n * 2
+
+        assert await f(21) == 42
+        new = [c.split(b"\r\n")[0:7:2] for c in sent]
+        sent.clear()
+        assert await f(21) == 42
+        replay = [c.split(b"\r\n")[0:7:2] for c in sent]
+    finally:
+        await astore.close()
+    heads = [[c[0], c[1], c[3]] for c in new + replay]  # count, command, numkeys
+    claim, completion = [b"*5", b"EVALSHA", b"1"], [b"*8", b"EVALSHA", b"1"]
+    assert (len(new), heads) == (2, [claim, completion, claim])
+
+
 def test_lost_script_cache_is_loaded_again(store: Any, client: Any) -> None:
     """After SCRIPT FLUSH (what a restart does to the cache) every call loads its script
     again on NOSCRIPT and goes on: a claim, a completion, a replay."""
