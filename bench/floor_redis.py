@@ -22,7 +22,10 @@ of a redis-py connection (a pipeline's commands would count once).
     .venv/bin/python bench/floor_redis.py [--slices 8] [--slice 0.5]
 
 Whether redis-py parses replies with hiredis is printed (``pip install hiredis``, or
-the ``redis`` extra, which brings it).
+the ``redis`` extra, which brings it). With ``--peers``, AWS Lambda Powertools'
+``idempotent_function`` on its ``RedisCachePersistenceLayer`` (sync, local cache off)
+takes its turn in the same slices; install it in an environment of the bench's own
+(see bench/peers_redis.py, which also has idemkit, async only).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -117,10 +121,31 @@ def rate(fn: Callable[[int], Any], threads: int, seconds: float) -> tuple[float,
     return sum(counts) / (time.perf_counter() - started), sum(counts)
 
 
+def powertools_fn(port: int) -> Callable[[str], Any]:
+    """AWS Lambda Powertools protecting the same no-op, as bench/peers_redis.py does."""
+    from aws_lambda_powertools.utilities.idempotency import (
+        IdempotencyConfig,
+        idempotent_function,
+    )
+    from aws_lambda_powertools.utilities.idempotency.persistence.redis import (
+        RedisCachePersistenceLayer,
+    )
+
+    layer = RedisCachePersistenceLayer(client=redis.Redis(port=port))
+    config = IdempotencyConfig(expires_after_seconds=3600, use_local_cache=False)
+
+    @idempotent_function(data_keyword_argument="order", persistence_store=layer, config=config)
+    def f(order: dict[str, str]) -> int:
+        return 1
+
+    return lambda order_id: f(order={"id": order_id})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--slices", type=int, default=8, help="slices per library and cell")
     parser.add_argument("--slice", type=float, default=0.5, help="seconds per slice")
+    parser.add_argument("--peers", action="store_true", help="add Powertools (installed)")
     args = parser.parse_args()
     _count_sends()
     proc, port, home = start_redis()
@@ -154,10 +179,19 @@ def main() -> None:
         "new": {"onceonly": oo_new, "floor": floor_new},
         "replay": {"onceonly": oo_replay, "floor": floor_replay},
     }
+    if args.peers:
+        # its deprecation of the Redis layer and its "no Lambda context" warning per call
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message="Couldn't determine the remaining time")
+        powertools = powertools_fn(port)
+        cells["new"]["powertools"] = lambda i: powertools(f"pn-{next(fresh)}")
+        cells["replay"]["powertools"] = lambda i: powertools(f"pr-{next(cycle) % REPLAY_KEYS}")
     try:
         for i in range(REPLAY_KEYS):
             f(f"r-{i}")
             client.set(f"fl:r-{i}", "1", ex=3600)
+            if args.peers:
+                powertools(f"pr-{i}")
         trips = {}
         for workload, pair in cells.items():
             for name, fn in pair.items():
@@ -200,19 +234,24 @@ def main() -> None:
     )
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (2 cores)")
     print(
-        f"{'workload':<8} {'conc':>4} {'onceonly/s':>11} {'floor/s':>9} {'ratio':>6}  "
+        f"{'workload':<20} {'conc':>4} {'onceonly/s':>11} {'floor/s':>9} {'ratio':>6}  "
         f"{'CPU µs/call client + server: onceonly':<38} {'floor':<14} trips"
     )
-    for workload in cells:
+    for workload, pair in cells.items():
         for threads in (1, 8):
-            ours, floor = rates[workload, "onceonly", threads], rates[workload, "floor", threads]
-            oc, os_ = cpu[workload, "onceonly", threads]
-            fc, fs = cpu[workload, "floor", threads]
-            print(
-                f"{workload:<8} {'c' + str(threads):>4} {ours:>11,.0f} {floor:>9,.0f} "
-                f"{ours / floor:>5.2f}x  {f'{oc:.0f} + {os_:.0f}':<38} {f'{fc:.0f} + {fs:.0f}':<14}"
-                f" {trips[workload, 'onceonly']:g} vs {trips[workload, 'floor']:g}"
-            )
+            for name in pair:
+                if name == "floor":
+                    continue
+                ours, floor = rates[workload, name, threads], rates[workload, "floor", threads]
+                oc, os_ = cpu[workload, name, threads]
+                fc, fs = cpu[workload, "floor", threads]
+                label = workload if name == "onceonly" else f"{workload} ({name})"
+                print(
+                    f"{label:<20} {'c' + str(threads):>4} {ours:>11,.0f} {floor:>9,.0f} "
+                    f"{ours / floor:>5.2f}x  {f'{oc:.0f} + {os_:.0f}':<38} "
+                    f"{f'{fc:.0f} + {fs:.0f}':<14} {trips[workload, name]:g} vs "
+                    f"{trips[workload, 'floor']:g}"
+                )
 
 
 if __name__ == "__main__":
