@@ -17,7 +17,9 @@ Cases (one thread each):
   ledger insert, on new keys and on completed ones;
 * ``memory/leased new`` and ``memory/leased replay``: ``@idempotent`` on the memory store;
 * ``pg/leased new`` and ``pg/leased replay``: ``@idempotent`` on PostgreSQL (``--url``;
-  skipped with ``--no-pg``).
+  skipped with ``--no-pg``);
+* ``redis/leased new`` and ``redis/leased replay``: ``@idempotent`` on ``RedisStore``
+  (only with ``--redis URL``; its keys are removed at the end).
 
     .venv/bin/python bench/cpu_before_after.py --before e37aca0 [--rounds 7] [--slice 0.5]
 
@@ -49,6 +51,7 @@ DEFAULT_URL = os.environ.get(
 SQLITE_CASES = ["sqlite/hand", "sqlite/inbox new", "sqlite/inbox replay"]
 LEASED_CASES = ["memory/leased new", "memory/leased replay"]
 PG_CASES = ["pg/leased new", "pg/leased replay"]
+REDIS_CASES = ["redis/leased new", "redis/leased replay"]
 
 
 # -- the worker: runs inside one version
@@ -57,7 +60,9 @@ PG_CASES = ["pg/leased new", "pg/leased replay"]
 Cases = dict[str, Callable[[], None]]
 
 
-def _cases(workdir: str, url: str | None) -> tuple[Cases, Callable[[], None]]:
+def _cases(
+    workdir: str, url: str | None, redis_url: str | None = None
+) -> tuple[Cases, Callable[[], None]]:
     import sqlite3
 
     import onceonly
@@ -141,6 +146,19 @@ def _cases(workdir: str, url: str | None) -> tuple[Cases, Callable[[], None]]:
                 c.execute("DELETE FROM onceonly_schema WHERE component = %s", (f"records:{table}",))
 
         closers.append(drop)
+    if redis_url is not None:
+        prefix = f"bench_cpu_{os.getpid()}_{run}:"
+        rs = onceonly.open_store(redis_url, prefix=prefix)
+        rs.migrate()
+        leased("redis", rs)
+
+        def forget() -> None:
+            keys = list(rs.client.scan_iter(match=f"{prefix}*", count=1000))
+            for i in range(0, len(keys), 500):
+                rs.client.delete(*keys[i : i + 500])
+            rs.close()
+
+        closers.append(forget)
 
     def close() -> None:
         for closer in closers:
@@ -149,11 +167,11 @@ def _cases(workdir: str, url: str | None) -> tuple[Cases, Callable[[], None]]:
     return cases, close
 
 
-def worker(url: str | None) -> None:
+def worker(url: str | None, redis_url: str | None = None) -> None:
     import onceonly
 
     with tempfile.TemporaryDirectory() as workdir:
-        cases, close = _cases(workdir, url)
+        cases, close = _cases(workdir, url, redis_url)
         print(json.dumps({"ready": onceonly.__file__}), flush=True)
         try:
             for line in sys.stdin:
@@ -174,9 +192,12 @@ def worker(url: str | None) -> None:
 
 
 class Worker:
-    def __init__(self, label: str, src: Path, url: str | None) -> None:
+    def __init__(
+        self, label: str, src: Path, url: str | None, redis_url: str | None = None
+    ) -> None:
         env = dict(os.environ, PYTHONPATH=str(src))
         argv = [sys.executable, __file__, "--worker"] + ([] if url is None else ["--url", url])
+        argv += [] if redis_url is None else ["--redis", redis_url]
         self.label = label
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
@@ -223,16 +244,18 @@ def main() -> None:
     parser.add_argument("--slice", type=float, default=0.5)
     parser.add_argument("--url", default=DEFAULT_URL)
     parser.add_argument("--no-pg", action="store_true")
+    parser.add_argument("--redis", default=None, help="a Redis URL: adds the redis cases")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     url = None if args.no_pg else args.url
     if args.worker:
-        worker(url)
+        worker(url, args.redis)
         return
     cases = SQLITE_CASES + LEASED_CASES + ([] if url is None else PG_CASES)
+    cases += [] if args.redis is None else REDIS_CASES
     with tempfile.TemporaryDirectory() as tmp:
-        before = Worker("before", export(args.before, Path(tmp)), url)
-        after = Worker("after", Path(args.after).resolve(), url)
+        before = Worker("before", export(args.before, Path(tmp)), url, args.redis)
+        after = Worker("after", Path(args.after).resolve(), url, args.redis)
         wall: dict[tuple[str, str], list[float]] = {}
         cpu: dict[tuple[str, str], list[float]] = {}
         started = time.time()

@@ -105,27 +105,147 @@ def test_expiry_is_judged_by_expires_at_not_by_redis_removing_the_key(
     assert 3_590_000 < client.pttl(k) <= 3_600_001  # the new completion's own expiry
 
 
-def test_round_trips_new_key_and_replay(store: Any) -> None:
-    """A new key costs 2 round trips (claim, completion); a replay 1."""
-    sent: list[str] = []
-    client = store.client
-    original = client.execute_command
+def test_round_trips_new_key_and_replay(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the wire, a new key costs 2 requests (claim, completion) and a replay 1, each one
+    EVALSHA of one key: the claim with one argument (the write), the completion with four
+    (the expected version, the write)."""
+    import redis.connection
 
-    def counted(*args: Any, **options: Any) -> Any:
-        sent.append(str(args[0]))
-        return original(*args, **options)
+    sent: list[bytes] = []
+    cls: Any = redis.connection.AbstractConnection
+    original = cls.send_packed_command
 
-    client.execute_command = counted
+    def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(command if isinstance(command, bytes) else b"".join(command))
+        return original(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "send_packed_command", counted)
+
+    def head(command: bytes) -> list[bytes]:
+        parts = command.split(b"\r\n")
+        return [parts[0], parts[2], parts[3], parts[6]]
 
     @onceonly.idempotent(store, key=lambda n: str(n), scope="double", lease=30)
     def f(n: int) -> int:
         return n * 2
 
     assert f(21) == 42
-    new = list(sent)
+    new = [head(c) for c in sent]
     sent.clear()
     assert f(21) == 42
-    assert (new, sent) == (["EVALSHA", "EVALSHA"], ["EVALSHA"])
+    replay = [head(c) for c in sent]
+    # [array length, command, sha length, numkeys]: *5 = EVALSHA sha 1 key write
+    claim = [b"*5", b"EVALSHA", b"$40", b"1"]
+    assert (new, replay) == ([claim, [b"*8", b"EVALSHA", b"$40", b"1"]], [claim])
+
+
+async def test_async_round_trips_new_key_and_replay(
+    factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The async store on the wire: 2 requests for a new key, 1 for a replay, the same
+    EVALSHA commands as the sync store's."""
+    import redis.asyncio.connection
+
+    require_redis()
+    sent: list[bytes] = []
+    cls: Any = redis.asyncio.connection.AbstractConnection
+    original = cls.send_packed_command
+
+    async def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(command if isinstance(command, bytes) else b"".join(command))
+        return await original(self, command, *args, **kwargs)
+
+    astore = onceonly.open_async_store(REDIS_URL, prefix=factory.table)
+    await astore.migrate()
+    monkeypatch.setattr(cls, "send_packed_command", counted)
+    try:
+
+        @onceonly.idempotent(astore, key=lambda n: str(n), scope="double", lease=30)
+        async def f(n: int) -> int:
+            return n * 2
+
+        assert await f(21) == 42
+        new = [c.split(b"\r\n")[0:7:2] for c in sent]
+        sent.clear()
+        assert await f(21) == 42
+        replay = [c.split(b"\r\n")[0:7:2] for c in sent]
+    finally:
+        await astore.close()
+    heads = [[c[0], c[1], c[3]] for c in new + replay]  # count, command, numkeys
+    claim, completion = [b"*5", b"EVALSHA", b"1"], [b"*8", b"EVALSHA", b"1"]
+    assert (len(new), heads) == (2, [claim, completion, claim])
+
+
+def test_lost_script_cache_is_loaded_again(store: Any, client: Any) -> None:
+    """After SCRIPT FLUSH (what a restart does to the cache) every call loads its script
+    again on NOSCRIPT and goes on: a claim, a completion, a replay."""
+    client.script_flush()
+    calls: list[int] = []
+
+    @onceonly.idempotent(store, key=lambda: "k", scope="fn", lease=30)
+    def f() -> int:
+        calls.append(1)
+        return 7
+
+    assert f() == 7
+    client.script_flush()
+    assert f() == 7
+    assert calls == [1]
+
+
+async def test_async_lost_script_cache_is_loaded_again(factory: StoreFactory, client: Any) -> None:
+    """The async store loads its scripts again on NOSCRIPT too."""
+    astore = onceonly.open_async_store(REDIS_URL, prefix=factory.table)
+    calls: list[int] = []
+    try:
+
+        @onceonly.idempotent(astore, key=lambda: "k", scope="fn", lease=30)
+        async def f() -> int:
+            calls.append(1)
+            return 7
+
+        client.script_flush()
+        assert await f() == 7
+        client.script_flush()
+        assert await f() == 7
+        assert calls == [1]
+    finally:
+        await astore.close()
+
+
+def test_write_arg_is_the_json_of_its_fields() -> None:
+    """The hand-built write argument is the JSON the scripts decode: the same text as
+    json.dumps of its fields, for values that need escaping too."""
+    import json
+
+    from onceonly._core.state import State, Write
+    from onceonly.stores.redis._lua import micros, write_arg
+
+    odd = 'q"uo\\te \n\t\x00 \u00e9\u2028 \U0001f600 ]"}'
+    writes = [
+        Write(State.IN_PROGRESS, 2**62 + 1, None, 0, lease_seconds=30.0000015),
+        Write(State.COMPLETED, 7, odd, 3, result=odd, ttl_seconds=0.5, completed=True),
+        Write(State.FAILED, 8, "fp", 4, error=odd, payload=odd, checkpoint=odd,
+              lease_seconds=1.5, keep_checkpoint=True),
+    ]  # fmt: skip
+    for w in writes:
+        fields = [
+            ("state", w.state.value), ("token", str(w.token)), ("attempts", str(w.attempts)),
+            ("fingerprint", w.fingerprint), ("result", w.result), ("error", w.error),
+            ("payload", w.payload), ("checkpoint", w.checkpoint),
+        ]  # fmt: skip
+        expected = [
+            "" if w.lease_seconds is None else micros(w.lease_seconds),
+            "" if w.ttl_seconds is None else micros(w.ttl_seconds),
+            "1" if w.completed else "0",
+            "1" if w.keep_checkpoint else "0",
+        ]
+        for name, value in fields:
+            if value is not None:
+                expected += [name, value]
+        text = write_arg(w)
+        assert text == json.dumps(expected, ensure_ascii=False, separators=(",", ":"))
+        assert json.loads(text) == expected
 
 
 def test_inbox_on_redis_is_leased(store: Any) -> None:

@@ -32,8 +32,10 @@ Invariants the scripts keep:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
+from json.encoder import encode_basestring
 from typing import Any
 
 from onceonly._core.state import Record, State, Write
@@ -44,12 +46,14 @@ __all__ = [
     "GET",
     "RENEW",
     "SAVE_CHECKPOINT",
+    "SCRIPTS",
     "UPDATE",
     "check_prefix",
     "parse_record",
     "parse_reply",
     "record_key",
     "seconds",
+    "sha1",
     "write_arg",
     "written",
 ]
@@ -187,6 +191,20 @@ return reply(1, now)
 """
 )
 
+#: Every script by the name the store calls it by.
+SCRIPTS = {
+    "claim": CLAIM,
+    "get": GET,
+    "update": UPDATE,
+    "renew": RENEW,
+    "save_checkpoint": SAVE_CHECKPOINT,
+}
+
+
+def sha1(script: str) -> bytes:
+    """The SHA1 Redis names ``script`` by (``EVALSHA``'s first argument), as sent."""
+    return hashlib.sha1(script.encode()).hexdigest().encode()
+
 
 def check_prefix(prefix: object) -> str:
     """``prefix`` if usable as a key prefix, else :class:`ConfigurationError`.
@@ -225,28 +243,38 @@ def seconds(value: str | int) -> float:
 def write_arg(write: Write) -> str:
     """``write`` as the scripts read it: one JSON array of strings (one argument to
     pack and send, decoded by ``cjson`` in the script), holding lease, ttl (µs, '' for
-    none), completed, keep_checkpoint ('1'/'0'), then field name/value pairs."""
-    fields: list[tuple[str, str | None]] = [
-        ("state", write.state.value),
-        ("token", str(write.token)),
-        ("attempts", str(write.attempts)),
-        ("fingerprint", write.fingerprint),
-        ("result", write.result),
-        ("error", write.error),
-        ("payload", write.payload),
-        ("checkpoint", write.checkpoint),
+    none), completed, keep_checkpoint ('1'/'0'), then field name/value pairs.
+
+    Built by hand (this runs on every claim and completion): the numbers, flags and the
+    state need no escaping; every other value is quoted by ``json``'s own string encoder,
+    so the text is what ``json.dumps(list, ensure_ascii=False)`` gives.
+    """
+    lease, ttl = write.lease_seconds, write.ttl_seconds
+    parts = [
+        '["',
+        "" if lease is None else micros(lease),
+        '","',
+        "" if ttl is None else micros(ttl),
+        '","1","' if write.completed else '","0","',
+        '1","state","' if write.keep_checkpoint else '0","state","',
+        write.state.value,
+        '","token","',
+        str(write.token),
+        '","attempts","',
+        str(write.attempts),
+        '"',
     ]
-    pairs = [(name, value) for name, value in fields if value is not None]
-    args = [
-        "" if write.lease_seconds is None else micros(write.lease_seconds),
-        "" if write.ttl_seconds is None else micros(write.ttl_seconds),
-        "1" if write.completed else "0",
-        "1" if write.keep_checkpoint else "0",
-    ]
-    for name, value in pairs:
-        assert value is not None
-        args += [name, value]
-    return json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+    for name, value in (
+        (',"fingerprint",', write.fingerprint),
+        (',"result",', write.result),
+        (',"error",', write.error),
+        (',"payload",', write.payload),
+        (',"checkpoint",', write.checkpoint),
+    ):
+        if value is not None:
+            parts += (name, encode_basestring(value))
+    parts.append("]")
+    return "".join(parts)
 
 
 def written(
@@ -304,28 +332,29 @@ def parse_record(scope: str, key: str, flat: Sequence[Any]) -> Record | None:
     if not flat:  # HGETALL of a missing key: [] (or {} from cjson, for an empty table)
         return None
     h = dict(zip(flat[::2], flat[1::2], strict=False))  # str already: decoded JSON
-
-    def time(name: str) -> float | None:
-        value = h.get(name)
-        return None if value is None else seconds(value)
-
+    get = h.get
     try:
+        lease_until = get("lease_until")
+        created_at = get("created_at")
+        updated_at = get("updated_at")
+        completed_at = get("completed_at")
+        expires_at = get("expires_at")
         return Record(
-            scope=scope,
-            key=key,
-            state=State.parse(h["state"], key=key),
-            fingerprint=h.get("fingerprint"),
-            token=int(h["token"]),
-            attempts=int(h["attempts"]),
-            lease_until=time("lease_until"),
-            result=h.get("result"),
-            error=h.get("error"),
-            payload=h.get("payload"),
-            checkpoint=h.get("checkpoint"),
-            created_at=time("created_at") or 0.0,
-            updated_at=time("updated_at") or 0.0,
-            completed_at=time("completed_at"),
-            expires_at=time("expires_at"),
+            scope,
+            key,
+            State.parse(h["state"], key=key),
+            get("fingerprint"),
+            int(h["token"]),
+            int(h["attempts"]),
+            None if lease_until is None else int(lease_until) / 1_000_000,
+            get("result"),
+            get("error"),
+            get("payload"),
+            get("checkpoint"),
+            0.0 if created_at is None else int(created_at) / 1_000_000,
+            0.0 if updated_at is None else int(updated_at) / 1_000_000,
+            None if completed_at is None else int(completed_at) / 1_000_000,
+            None if expires_at is None else int(expires_at) / 1_000_000,
         )
     except (KeyError, ValueError) as exc:
         raise CorruptRecord(

@@ -2,8 +2,10 @@
 """The Redis store (``redis://``, ``rediss://``): leased mode only (docs/stores.md, "Redis").
 
 Every operation of the store contract (claim, get, update, insert, renew,
-save_checkpoint) is **one** ``EVALSHA`` of a script of :mod:`onceonly.stores.redis._lua`
-(registered once; redis-py loads it again on ``NOSCRIPT``). The scripts read the
+save_checkpoint) is **one** ``EVALSHA`` of a script of :mod:`onceonly.stores.redis._lua`,
+sent as one ``execute_command`` with the script's SHA1 encoded once (no per-call
+script object); on ``NOSCRIPT`` (Redis lost its script cache: a restart, ``SCRIPT
+FLUSH``) the script is loaded and the call sent again. The scripts read the
 server's clock (``TIME``) and do the compare-and-set; the state machine stays in
 ``onceonly._core.state``.
 
@@ -37,6 +39,7 @@ try:
     import redis.asyncio as redis_client  # unasync: remove
 
     # unasync: add import redis as redis_client
+    from redis.exceptions import NoScriptError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "the Redis store needs the redis extra: pip install 'onceonly[redis]'"
@@ -86,10 +89,17 @@ class AsyncRedisSession:
 
     async def _call(self, script: str, scope: str, key: str, args: list[str]) -> list[Any]:
         store = self._store
+        sha, text = store.scripts[script]
+        client = store.client
+        # EVALSHA sha numkeys key args..., as redis-py's Script would send it, minus its
+        # per-call wrapping; b"1": one key, every script touches only the record's.
+        command = ("EVALSHA", sha, b"1", lua.record_key(store.prefix, scope, key), *args)
         with _errors(scope, key):
-            reply = await store.scripts[script](
-                keys=[lua.record_key(store.prefix, scope, key)], args=args
-            )
+            try:
+                reply = await client.execute_command(*command)
+            except NoScriptError:
+                await client.script_load(text)
+                reply = await client.execute_command(*command)
         return lua.parse_reply(reply, scope, key)
 
     async def claim(self, scope: str, key: str, write: Write) -> Snapshot:
@@ -176,12 +186,9 @@ class AsyncRedisStore:
         if url is not None:
             client = _open_client(url, socket_timeout)
         self.client: Any = client
-        self.scripts = {
-            "claim": client.register_script(lua.CLAIM),
-            "get": client.register_script(lua.GET),
-            "update": client.register_script(lua.UPDATE),
-            "renew": client.register_script(lua.RENEW),
-            "save_checkpoint": client.register_script(lua.SAVE_CHECKPOINT),
+        #: name -> (SHA1 as bytes, text) of each script: the SHA encoded once
+        self.scripts: dict[str, tuple[bytes, str]] = {
+            name: (lua.sha1(text), text) for name, text in lua.SCRIPTS.items()
         }
 
     @property
@@ -195,7 +202,7 @@ class AsyncRedisStore:
     async def migrate(self) -> None:
         """Load the scripts into Redis (nothing to create); safe to repeat."""
         with _errors():
-            for text in (lua.CLAIM, lua.GET, lua.UPDATE, lua.RENEW, lua.SAVE_CHECKPOINT):
+            for text in lua.SCRIPTS.values():
                 await self.client.script_load(text)
 
     @asynccontextmanager
