@@ -131,7 +131,7 @@ def test_a_failed_run_is_retried_not_replayed(factory: StoreFactory) -> None:
 
 def test_an_expired_completion_is_run_again(factory: StoreFactory) -> None:
     """A completed record past its expiry (on the store's clock) behaves as absent."""
-    store, inbox, runs = primed(factory, ttl=0.2)
+    store, inbox, runs = primed(factory)  # the writer's ttl is the record's expiry
     writer = onceonly.Inbox(store, SCOPE, ttl=0.2)
     assert writer.process("k", "p", lambda p, tx: "first").result == "first"
     time.sleep(0.4)
