@@ -386,10 +386,10 @@ class Inbox:
         counts: completed, unexpired on the store's clock, the same payload. Such a record
         is final until it expires (every write is conditional on a version it is not, and
         retention removes only expired records), so the read needs no lock and no
-        transaction: the claim's own replay takes no row lock either. A read outside a
-        transaction never sees an uncommitted completion. Anything else (absent, in
-        flight, failed, dead, expired, another payload) is decided by the claim, which
-        waits for the row's lock, as if this read had not happened.
+        transaction (on PostgreSQL the claim's own replay takes no row lock either). A
+        read outside a transaction never sees an uncommitted completion. Anything else
+        (absent, in flight, failed, dead, expired, another payload) is decided by the
+        claim, which waits for the row's lock, as if this read had not happened.
         """
         with self.store.session() as session:
             snap = session.get(self.consumer, key)

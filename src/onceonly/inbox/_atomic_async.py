@@ -385,10 +385,10 @@ class AsyncInbox:
         counts: completed, unexpired on the store's clock, the same payload. Such a record
         is final until it expires (every write is conditional on a version it is not, and
         retention removes only expired records), so the read needs no lock and no
-        transaction: the claim's own replay takes no row lock either. A read outside a
-        transaction never sees an uncommitted completion. Anything else (absent, in
-        flight, failed, dead, expired, another payload) is decided by the claim, which
-        waits for the row's lock, as if this read had not happened.
+        transaction (on PostgreSQL the claim's own replay takes no row lock either). A
+        read outside a transaction never sees an uncommitted completion. Anything else
+        (absent, in flight, failed, dead, expired, another payload) is decided by the
+        claim, which waits for the row's lock, as if this read had not happened.
         """
         async with self.store.session() as session:
             snap = await session.get(self.consumer, key)
