@@ -7,22 +7,25 @@ insert into a ledger, committed together.
 * **onceonly**: ``Inbox(open_store(url, table=..., min_size=8, max_size=8))`` and
   ``inbox.process(key, payload, handler)``, where ``handler`` runs
   ``tx.execute("INSERT INTO <ledger> (id, amount) VALUES (?, ?)", ...)``.
-* **baseline**: the same work written by hand on a plain psycopg 3 connection (one per
-  thread): ``BEGIN`` (psycopg's implicit one); ``INSERT INTO <claims> (scope, key, state,
-  token, completed_at) VALUES (...) ON CONFLICT (scope, key) DO NOTHING``; the ledger
-  insert if the claim inserted a row; ``COMMIT``. ``<claims>`` is created by the same
-  ``migrate()`` as onceonly's table, so both carry the same indexes. This is the ceiling
-  of per-message atomic processing: no fingerprint, no stored result, no fencing.
+* **processed** (what a user writes without a library), on a plain psycopg 3 connection
+  per thread: ``CREATE TABLE processed (key text PRIMARY KEY, processed_at timestamptz
+  NOT NULL DEFAULT now())``; per message ``BEGIN`` (psycopg's implicit one), ``INSERT
+  INTO processed (key) VALUES ($1) ON CONFLICT DO NOTHING RETURNING key``, the ledger
+  insert if a row came back, ``COMMIT``.
+* **wide** (the second line): the same by hand on onceonly's own wide table (created by
+  the same ``migrate()``, same indexes): ``INSERT INTO <claims> (scope, key, state,
+  token, completed_at) VALUES (...) ON CONFLICT (scope, key) DO NOTHING``.
 
-Every message has a new key, except in the replay row, which re-delivers keys that
-already completed (concurrency 1; the baseline then runs BEGIN, the claim insert that
-inserts nothing, COMMIT). Each configuration is warmed up, then measured ``--repeat``
-times for ``--seconds`` per side, onceonly and baseline alternating in short slices so
-both see the same machine load; the table shows the medians. Beside messages/s it shows
-the CPU each message costs: this process (client) + its PostgreSQL backends (server,
-read from ``/proc`` when the server runs on this machine). The tables are dropped at
-the end. Last, the round trips of one new message and of its replay are counted on the
-wire (libpq's trace) for both sides and printed with the table.
+Every message has a new key, except in the replay rows, which re-deliver keys that
+already completed (the baselines then run BEGIN, the claim insert that inserts nothing,
+COMMIT). Each configuration (concurrency 1 and 8 by default) is warmed up, then measured
+``--repeat`` times for ``--seconds`` per side, the three sides alternating in short
+slices (``--slice``, 0.5 s) so all see the same machine load; the table shows the
+medians. Beside each ratio it shows the CPU each message costs: this process (client) +
+its PostgreSQL backends (server, read from ``/proc`` when the server runs on this
+machine), and the load average is printed. The tables are dropped at the end. Last, the
+round trips of one new message and of its replay are counted on the wire (libpq's trace)
+for every side and printed with the table.
 
     .venv/bin/python bench/inbox_pg.py [--url URL] [--seconds 3] [--repeat 3]
 
@@ -76,6 +79,14 @@ class Tables:
     @property
     def claims(self) -> str:
         return f"bench_claims_{self.suffix}"
+
+    @property
+    def processed(self) -> str:
+        return f"bench_processed_{self.suffix}"
+
+    @property
+    def processed_ledger(self) -> str:
+        return f"bench_processed_ledger_{self.suffix}"
 
     @property
     def ledger(self) -> str:
@@ -224,28 +235,43 @@ class OnceOnly:
 
 
 class Baseline:
-    """The ceiling: the same statements by hand, one psycopg connection per thread."""
+    """The same work by hand, one psycopg connection per thread.
 
-    def __init__(self, url: str, tables: Tables, connections: int) -> None:
+    ``narrow``: what a user writes without a library, a ``processed (key, processed_at)``
+    table and ``INSERT ... ON CONFLICT DO NOTHING RETURNING key``; otherwise onceonly's
+    own wide table (same schema and indexes as the records) with a bare claim insert.
+    """
+
+    def __init__(self, url: str, tables: Tables, connections: int, narrow: bool) -> None:
         self.conns = [psycopg.connect(url) for _ in range(connections)]
         self.pids = [conn.info.backend_pid for conn in self.conns]
-        self.claim = (
-            sql.SQL(
+        self.narrow = narrow
+        if narrow:
+            claim = sql.SQL(
+                "INSERT INTO {} (key) VALUES (%s) ON CONFLICT DO NOTHING RETURNING key"
+            ).format(sql.Identifier(tables.processed))
+            ledger = tables.processed_ledger
+        else:
+            claim = sql.SQL(
                 "INSERT INTO {} (scope, key, state, token, completed_at) "
                 "VALUES (%s, %s, 'completed', 0, now()) ON CONFLICT (scope, key) DO NOTHING"
-            )
-            .format(sql.Identifier(tables.claims))
-            .as_bytes(None)
-        )
+            ).format(sql.Identifier(tables.claims))
+            ledger = tables.base_ledger
+        self.claim = claim.as_bytes(None)
         self.insert = (
-            sql.SQL("INSERT INTO {} (id, amount) VALUES (%s, %s)")
-            .format(sql.Identifier(tables.base_ledger))
+            sql.SQL(
+                "INSERT INTO {} (key, amount) VALUES (%s, %s)"
+                if narrow
+                else "INSERT INTO {} (id, amount) VALUES (%s, %s)"
+            )
+            .format(sql.Identifier(ledger))
             .as_bytes(None)
         )
 
     def _message(self, conn: psycopg.Connection[Any], key: str, amount: int) -> bool:
         # psycopg sends BEGIN before the first statement (autocommit is off).
-        inserted = conn.execute(self.claim, (SCOPE, key)).rowcount == 1
+        params = (key,) if self.narrow else (SCOPE, key)
+        inserted = conn.execute(self.claim, params).rowcount == 1
         if inserted:
             conn.execute(self.insert, (key, amount))
         conn.commit()
@@ -282,18 +308,30 @@ class Baseline:
             conn.close()
 
 
+BASELINES = ("processed", "wide")
+
+
 @dataclass
 class Row:
-    """One configuration: the measurements of both sides, one Totals per repeat."""
+    """One configuration: the measurements of every side, one Totals per repeat."""
 
     config: str
     onceonly: list[Totals] = field(default_factory=list)
-    baseline: list[Totals] = field(default_factory=list)
+    baselines: dict[str, list[Totals]] = field(
+        default_factory=lambda: {name: [] for name in BASELINES}
+    )
 
-    def rates(self) -> tuple[float, float, float]:
-        a = statistics.median(t.rate for t in self.onceonly)
-        b = statistics.median(t.rate for t in self.baseline)
-        return a, b, a / b
+    def rate(self, side: str) -> float:
+        totals = self.onceonly if side == "onceonly" else self.baselines[side]
+        return statistics.median(t.rate for t in totals)
+
+    def ratio(self, baseline: str) -> float:
+        return self.rate("onceonly") / self.rate(baseline)
+
+    def clear(self) -> None:
+        self.onceonly.clear()
+        for totals in self.baselines.values():
+            totals.clear()
 
     @staticmethod
     def cpu(totals: list[Totals]) -> str:
@@ -309,60 +347,69 @@ class Row:
 
 def interleaved(
     row: Row,
-    ours: tuple[Worker, Sequence[int]],
-    theirs: tuple[Worker, Sequence[int]],
+    sides: dict[str, tuple[Worker, Sequence[int]]],
     concurrency: int,
     seconds: float,
     slice_: float,
 ) -> None:
-    """Measure both sides for ``seconds`` each, alternating in slices (ABBA order).
+    """Measure every side for ``seconds``, alternating in slices (the order reversed
+    every other slice).
 
     The machine's load drifts (other processes, checkpoints, autovacuum, fsync
-    latency); short alternating slices expose both sides to the same conditions.
+    latency); short alternating slices expose every side to the same conditions.
     """
-    mine, yours = Totals(), Totals()
+    totals = {name: Totals() for name in sides}
     slices = max(1, round(seconds / slice_))
-    sides = [(mine, ours), (yours, theirs)]
+    order = list(sides)
     for i in range(slices):
-        for totals, (worker, pids) in sides if i % 4 in (0, 3) else sides[::-1]:
-            totals.run(worker, concurrency, seconds / slices, pids)
-    row.onceonly.append(mine)
-    row.baseline.append(yours)
+        for name in order if i % 2 == 0 else order[::-1]:
+            worker, pids = sides[name]
+            totals[name].run(worker, concurrency, seconds / slices, pids)
+    row.onceonly.append(totals["onceonly"])
+    for name in BASELINES:
+        row.baselines[name].append(totals[name])
 
 
-def compare(ours: OnceOnly, base: Baseline, args: argparse.Namespace) -> list[Row]:
+def compare(ours: OnceOnly, bases: dict[str, Baseline], args: argparse.Namespace) -> list[Row]:
     """Warm up, then measure every configuration ``args.repeat`` times."""
     run = secrets.token_hex(2)
-    ours_keys, base_keys = Keys(f"o{run}"), Keys(f"b{run}")
-    # Keys completed at concurrency 1, redelivered by the replay measurement.
-    ours_done: list[tuple[str, int]] = []
-    base_done: list[tuple[str, int]] = []
+    parties: dict[str, OnceOnly | Baseline] = {"onceonly": ours, **bases}
+    keys = {name: Keys(f"{name[0]}{run}") for name in parties}
+    # Keys completed at the first concurrency, redelivered by the replay measurements.
+    done: dict[str, list[tuple[str, int]]] = {name: [] for name in parties}
     concurrencies: list[int] = args.concurrency
     rows = {c: Row(f"new keys, concurrency {c}") for c in concurrencies}
-    replay = Row("replay, concurrency 1")
+    replay_rows = {c: Row(f"replay, concurrency {c}") for c in concurrencies}
 
     def new_keys(seconds: float) -> None:
         for c in concurrencies:
-            mine = ours.new_keys(ours_keys, ours_done if c == 1 else None)
-            theirs = base.new_keys(base_keys, base_done if c == 1 else None)
-            interleaved(rows[c], (mine, ours.pids), (theirs, base.pids), c, seconds, args.slice)
+            sides = {
+                name: (
+                    party.new_keys(keys[name], done[name] if c == concurrencies[0] else None),
+                    party.pids,
+                )
+                for name, party in parties.items()
+            }
+            interleaved(rows[c], sides, c, seconds, args.slice)
 
     def replays(seconds: float) -> None:
-        mine, theirs = ours.replays(ours_done), base.replays(base_done)
-        interleaved(replay, (mine, ours.pids), (theirs, base.pids), 1, seconds, args.slice)
+        for c in concurrencies:
+            sides = {
+                name: (party.replays(done[name]), party.pids) for name, party in parties.items()
+            }
+            interleaved(replay_rows[c], sides, c, seconds, args.slice)
 
     # Warm-up: connections, prepared statements, caches; then the results are dropped.
     new_keys(args.warmup)
     replays(args.warmup)
-    for row in (*rows.values(), replay):
-        row.onceonly.clear()
-        row.baseline.clear()
+    for row in (*rows.values(), *replay_rows.values()):
+        row.clear()
     for r in range(args.repeat):
         new_keys(args.seconds)
         print(f"  repeat {r + 1}/{args.repeat}: new keys measured", file=sys.stderr, flush=True)
     for _ in range(args.repeat):
         replays(args.seconds)
-    return [*rows.values(), replay]
+    return [*rows.values(), *replay_rows.values()]
 
 
 def count_round_trips(conn: psycopg.Connection[Any], action: Callable[[], object]) -> int:
@@ -379,30 +426,44 @@ def count_round_trips(conn: psycopg.Connection[Any], action: Callable[[], object
     return sum(1 for i, side in enumerate(sides) if side == "F" and (i == 0 or sides[i - 1] != "F"))
 
 
-def round_trips(url: str, tables: Tables, options: dict[str, Any]) -> dict[str, tuple[int, int]]:
+def round_trips(url: str, tables: Tables, options: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Round trips of one new message and of its replay, counted on the wire: onceonly
-    (a store with one pooled connection, warmed up) and the baseline."""
+    (a store with one pooled connection, warmed up; last, a replay while most
+    deliveries are replays, which reads first) and the baselines."""
     ours = OnceOnly(url, tables, 1, options)
-    base = Baseline(url, tables, 1)
+    bases = {name: Baseline(url, tables, 1, narrow=name == "processed") for name in BASELINES}
+    trips: dict[str, tuple[int, ...]] = {}
     try:
         for _ in range(10):  # psycopg prepares a statement on its fifth run
             key = f"w{secrets.token_hex(4)}"
             for _ in range(2):
                 ours.inbox.process(key, {"id": key, "amount": 1}, ours.handler)
-                base._message(base.conns[0], key, 1)
+                for base in bases.values():
+                    base._message(base.conns[0], key, 1)
         conn = ours.store.pool.getconn()
         ours.store.pool.putconn(conn)
         key = f"rt{secrets.token_hex(4)}"
         payload = {"id": key, "amount": 1}
-        new = count_round_trips(conn, lambda: ours.inbox.process(key, payload, ours.handler))
-        replay = count_round_trips(conn, lambda: ours.inbox.process(key, payload, ours.handler))
-        c = base.conns[0]
-        base_new = count_round_trips(c, lambda: base._message(c, key, 1))
-        base_replay = count_round_trips(c, lambda: base._message(c, key, 1))
+
+        def process() -> object:
+            return ours.inbox.process(key, payload, ours.handler)
+
+        new = count_round_trips(conn, process)
+        replay = count_round_trips(conn, process)
+        for _ in range(24):  # most deliveries are replays now: the inbox reads first
+            process()
+        trips["onceonly"] = (new, replay, count_round_trips(conn, process))
+        for name, base in bases.items():
+            c = base.conns[0]
+            trips[name] = (
+                count_round_trips(c, lambda c=c, base=base: base._message(c, key, 1)),
+                count_round_trips(c, lambda c=c, base=base: base._message(c, key, 1)),
+            )
     finally:
         ours.close()
-        base.close()
-    return {"onceonly": (new, replay), "baseline": (base_new, base_replay)}
+        for base in bases.values():
+            base.close()
+    return trips
 
 
 def setup(url: str, tables: Tables) -> None:
@@ -413,6 +474,18 @@ def setup(url: str, tables: Tables) -> None:
                     sql.Identifier(ledger)
                 )
             )
+        # What a user writes without a library.
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (key text PRIMARY KEY, "
+                "processed_at timestamptz NOT NULL DEFAULT now())"
+            ).format(sql.Identifier(tables.processed))
+        )
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (key text PRIMARY KEY, amount bigint NOT NULL)").format(
+                sql.Identifier(tables.processed_ledger)
+            )
+        )
     # The baseline's claims table: the same schema and indexes as onceonly's records.
     claims = onceonly.open_store(url, table=tables.claims, min_size=1, max_size=1)
     try:
@@ -423,7 +496,8 @@ def setup(url: str, tables: Tables) -> None:
 
 def cleanup(url: str, tables: Tables) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        for name in (tables.records, tables.claims, tables.ledger, tables.base_ledger):
+        names = (tables.records, tables.claims, tables.ledger, tables.base_ledger)
+        for name in (*names, tables.processed, tables.processed_ledger):
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
         if conn.execute("SELECT to_regclass('onceonly_schema')").fetchone() != (None,):
             conn.execute(
@@ -493,41 +567,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             ours = OnceOnly(args.url, tables, pool, options)
             stack.callback(ours.close)
-            base = Baseline(args.url, tables, pool)
-            stack.callback(base.close)
-            rows = compare(ours, base, args)
+            bases = {
+                name: Baseline(args.url, tables, pool, narrow=name == "processed")
+                for name in BASELINES
+            }
+            for base in bases.values():
+                stack.callback(base.close)
+            rows = compare(ours, bases, args)
         trips = round_trips(args.url, tables, options)
         # The work really happened: one ledger row per completed new key.
         assert count_rows(args.url, tables.ledger) == count_rows(args.url, tables.records)
         assert count_rows(args.url, tables.base_ledger) == count_rows(args.url, tables.claims)
+        assert count_rows(args.url, tables.processed_ledger) == count_rows(
+            args.url, tables.processed
+        )
     finally:
         cleanup(args.url, tables)
 
     print()
     header = (
-        f"{'config':<26} {'onceonly msg/s':>15} {'baseline msg/s':>15} {'ratio':>6}"
-        f"  {'CPU us/msg: onceonly':>20} {'baseline':>9}"
+        f"{'config':<26} {'baseline':<9} {'onceonly msg/s':>15} {'baseline msg/s':>15} "
+        f"{'ratio':>6}  {'CPU us/msg client+server: onceonly':>34} {'baseline':>9}"
     )
     print(header)
     print("-" * len(header))
     for row in rows:
-        a, b, ratio = row.rates()
-        print(
-            f"{row.config:<26} {a:>15,.0f} {b:>15,.0f} {ratio:>6.2f}"
-            f"  {Row.cpu(row.onceonly):>20} {Row.cpu(row.baseline):>9}"
-        )
+        for name in BASELINES:
+            print(
+                f"{row.config:<26} {name:<9} {row.rate('onceonly'):>15,.0f} "
+                f"{row.rate(name):>15,.0f} {row.ratio(name):>6.2f}  "
+                f"{Row.cpu(row.onceonly):>34} {Row.cpu(row.baselines[name]):>9}"
+            )
     print("(CPU = this process + its PostgreSQL backends, microseconds per message)")
+    print(f"load average (1, 5, 15 min) at the end: {os.getloadavg()}")
     print()
     for row in rows:
         runs = " ".join(
-            f"{x.rate:,.0f}/{y.rate:,.0f}" for x, y in zip(row.onceonly, row.baseline, strict=True)
+            f"{x.rate:,.0f}/{y.rate:,.0f}/{z.rate:,.0f}"
+            for x, y, z in zip(
+                row.onceonly, *(row.baselines[name] for name in BASELINES), strict=True
+            )
         )
-        print(f"  {row.config}: onceonly/baseline msg/s per repeat: {runs}")
+        print(f"  {row.config}: onceonly/processed/wide msg/s per repeat: {runs}")
     print("\nround trips (counted on the wire, after a warm-up): new message / replay")
-    for side, (new, replay) in trips.items():
-        print(f"  {side}: {new} / {replay}")
-    met = all(row.rates()[2] >= TARGET for row in rows if row.config.startswith("new"))
-    print(f"\ntarget: ratio >= {TARGET} for new keys at every concurrency: {met}")
+    print("  (onceonly's third figure: a replay while most deliveries are replays)")
+    for side, counts in trips.items():
+        print(f"  {side}: {' / '.join(str(n) for n in counts)}")
+    met = all(row.ratio("processed") >= TARGET for row in rows if row.config.startswith("new"))
+    print(f"\ntarget: ratio to processed >= {TARGET} for new keys at every concurrency: {met}")
     return 0
 
 

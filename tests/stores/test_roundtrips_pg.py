@@ -122,3 +122,30 @@ def test_the_claim_sent_with_begin_stores_exactly_the_write(
     with store.transaction() as s:
         again = s.claim("scope", "key", write)
     assert not again.inserted and again.record == claimed.record
+
+
+def test_replays_read_first_when_most_deliveries_are_replays(factory: StoreFactory) -> None:
+    """While most recent deliveries were replays, a replay is one round trip (a read
+    outside any transaction, spec §1.2a); a new key then pays that read on top (5), and
+    after a run of new keys it is back to 4 without it."""
+    store = factory(min_size=1, max_size=1)
+    store.migrate()
+    table = f"{factory.table}_ledger"
+    with psycopg.connect(factory.url, autocommit=True) as admin:
+        admin.execute(f"CREATE TABLE {table} (id text)")
+    inbox = onceonly.Inbox(store, "billing")
+
+    def handler(payload: Any, tx: onceonly.Tx) -> None:
+        tx.execute(f"INSERT INTO {table} (id) VALUES (?)", (payload,))
+
+    inbox.process("w", "w", handler)
+    for _ in range(24):
+        assert inbox.process("w", "w", handler).replayed
+    conn = store.pool.getconn()
+    store.pool.putconn(conn)
+    assert round_trips(conn, lambda: inbox.process("w", "w", handler)) == 1
+    assert round_trips(conn, lambda: inbox.process("k", "k", handler)) == 5
+    for i in range(24):
+        inbox.process(f"n{i}", f"n{i}", handler)
+    assert round_trips(conn, lambda: inbox.process("k2", "k2", handler)) == 4
+    assert round_trips(conn, lambda: inbox.process("k2", "k2", handler)) == 2

@@ -14,8 +14,10 @@ Invariants:
   own even over loopback; with any other first statement through psycopg's
   ``pipeline()`` for a remote server only (over loopback or a Unix socket a round trip
   costs less than its bookkeeping). ``pipeline=False`` sends ``BEGIN`` on its own. So
-  an inbox message is BEGIN + claim, the handler's statements, COMMIT; a replay is
-  BEGIN + claim, COMMIT (``tests/stores/test_roundtrips_pg.py``). The one exception: a
+  an inbox message is BEGIN + claim, the handler's statements, the completion, COMMIT;
+  a replay is BEGIN + claim, COMMIT, or, while most of an inbox's deliveries are
+  replays, one read outside a transaction (docs/spec.md §1.2a;
+  ``tests/stores/test_roundtrips_pg.py``). The one exception: a
   claim that lost the insert race to a transaction that committed meanwhile sees no
   row (under READ COMMITTED its snapshot predates that commit), and one plain read
   follows.
