@@ -189,12 +189,15 @@ class SQLiteSession:
 
     def claim(self, scope: str, key: str, write: Write) -> Snapshot:
         if self._deferred and self._pending is None:
-            snap = self.get(scope, key)
-            if snap.record is not None:
-                return snap
-            now = snap.now
+            try:
+                row = self._conn.execute(self._store._get, (scope, key)).fetchone()
+            except sqlite3.Error as exc:
+                raise _translate(exc) from exc
+            now = self._store.clock()
+            if row is not None:
+                return Snapshot(_record(row), now)
             self._pending = (scope, key, write, now)
-            return Snapshot(_written(scope, key, write, now), now, inserted=True)
+            return Snapshot(_written(scope, key, write, now), now, True)
         while True:
             record = self.insert(scope, key, write)
             if record is not None:
@@ -243,10 +246,10 @@ class SQLiteSession:
         self, pending: tuple[str, str, Write, float], write: Write
     ) -> Record | None:
         """``update`` of the pending claim: one insert of the claim carrying ``write``."""
-        scope, key, claimed, created = pending
         self._pending = None
         if not self._conn.in_transaction:
             return None  # the transaction ended, and the claim with it: not ours any more
+        scope, key, claimed, created = pending
         if write.keep_checkpoint and write.checkpoint != claimed.checkpoint:
             write = dataclasses.replace(write, checkpoint=claimed.checkpoint)
         now = self._store.clock()
@@ -261,12 +264,13 @@ class SQLiteSession:
     def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
         pending = self._pending
         if pending is not None:
+            claimed = pending[2]
             if (
-                pending[0] == scope
-                and pending[1] == key
-                and expect.matches(
-                    _written(scope, key, pending[2], pending[3]), self._store.clock()
-                )
+                pending[1] == key
+                and pending[0] == scope
+                and expect.token == claimed.token
+                and expect.state is claimed.state
+                and not expect.lapsed  # (a time condition: the UPDATE below checks it)
             ):
                 return self._complete_pending(pending, write)
             self.flush()
@@ -343,7 +347,7 @@ class _Transaction:
     A class rather than a generator context manager: it is entered once per message.
     """
 
-    __slots__ = ("_busy", "_conn", "_session", "_store")
+    __slots__ = ("_busy", "_conn", "_fence", "_session", "_store")
 
     def __init__(self, store: SQLiteStore, busy: int) -> None:
         self._store = store
@@ -368,6 +372,7 @@ class _Transaction:
             fence = store._fences[id(conn)] = _Fence()
             conn.set_authorizer(fence)
         fence.armed = True
+        self._fence = fence
         self._session = session = SQLiteSession(store, conn, transactional=True, deferred=True)
         return session
 
@@ -378,7 +383,7 @@ class _Transaction:
         tb: TracebackType | None,
     ) -> None:
         conn = self._conn
-        self._store._fences[id(conn)].armed = False
+        self._fence.armed = False
         try:
             if exc_type is not None:
                 if conn.in_transaction:
