@@ -223,11 +223,14 @@ def test_a_pending_claim_is_written_before_any_other_use(tmp_path: Path) -> None
             s.update("c", "b", Expect(99, State.IN_PROGRESS), Write(State.FAILED, 8, None, 1))
             is None
         )
-        assert claim(s, "d").inserted  # written at the commit, after c's update wrote c
+        assert claim(s, "d").inserted  # a second claim writes d, then claims e as before
+        assert claim(s, "e").inserted
+        assert not claim(s, "e").inserted  # e is there (written as a plain claim)
+        assert claim(s, "f").inserted  # written at the commit
     got = {
         r[0]: (r[1], r[2]) for r in rows(store, "SELECT key, state, token FROM onceonly_records")
     }
-    assert got == dict.fromkeys("abcd", ("in_progress", 7))
+    assert got == dict.fromkeys("abcdef", ("in_progress", 7))
     store.close()
 
 
