@@ -11,8 +11,9 @@ ratios are printed, so both versions see the same machine load.
 Cases (one thread each):
 
 * ``sqlite/hand``: a hand-written ``sqlite3`` transaction (bench/inbox_sqlite.py's
-  ``hand``: ``BEGIN IMMEDIATE``, an ``INSERT … ON CONFLICT DO NOTHING`` claim, one
-  ledger insert, ``COMMIT``), the reference for the next two;
+  ``hand``: ``BEGIN IMMEDIATE; INSERT INTO processed (key) VALUES (?) ON CONFLICT DO
+  NOTHING RETURNING key; INSERT INTO ledger (key, amount) VALUES (?, ?); COMMIT``, WAL and
+  the store's ``synchronous``), the reference for the next two;
 * ``sqlite/inbox new`` and ``sqlite/inbox replay``: ``Inbox.process`` with the same
   ledger insert, on new keys and on completed ones;
 * ``memory/leased new`` and ``memory/leased replay``: ``@idempotent`` on the memory store;
@@ -75,28 +76,24 @@ def _cases(
 
     store = onceonly.open_store(f"sqlite:///{workdir}/bench.db", migrate=True)
     with store.transaction() as s:
-        s.execute("CREATE TABLE ledger (id TEXT, amount INTEGER)")
+        s.execute("CREATE TABLE ledger (key TEXT, amount INTEGER)")
     inbox = onceonly.Inbox(store, "bench")
     conn = sqlite3.connect(f"{workdir}/bench.db", isolation_level=None)
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute(
-        "CREATE TABLE claims (scope TEXT, key TEXT, state TEXT, token INTEGER,"
-        " completed_at REAL, PRIMARY KEY (scope, key))"
-    )
+    conn.execute("PRAGMA journal_mode = WAL")  # the store's settings (WAL, synchronous)
+    conn.execute(f"PRAGMA synchronous = {store.synchronous}")
+    conn.execute("CREATE TABLE processed (key TEXT PRIMARY KEY)")
 
     def handler(payload: Any, tx: Any) -> None:
-        tx.execute("INSERT INTO ledger (id, amount) VALUES (?, 1)", (payload,))
+        tx.execute("INSERT INTO ledger (key, amount) VALUES (?, ?)", (payload, 1))
 
     def hand() -> None:
         k = fresh()
         conn.execute("BEGIN IMMEDIATE")
         claimed = conn.execute(
-            "INSERT INTO claims VALUES ('bench', ?, 'completed', 1, julianday('now'))"
-            " ON CONFLICT DO NOTHING",
-            (k,),
-        ).rowcount
-        if claimed:
-            conn.execute("INSERT INTO ledger (id, amount) VALUES (?, 1)", (k,))
+            "INSERT INTO processed (key) VALUES (?) ON CONFLICT DO NOTHING RETURNING key", (k,)
+        ).fetchone()
+        if claimed is not None:
+            conn.execute("INSERT INTO ledger (key, amount) VALUES (?, ?)", (k, 1))
         conn.execute("COMMIT")
 
     def inbox_new() -> None:

@@ -5,17 +5,19 @@ Each message: a new key and ONE business insert into a ledger, in one transactio
 
 * ``inbox``: ``Inbox(open_store("sqlite:///…"))`` and ``inbox.process(key, key, handler)``;
 * ``hand``: the same file, a plain ``sqlite3`` connection with the store's settings (WAL,
-  ``synchronous=NORMAL``): ``BEGIN IMMEDIATE``, ``INSERT … ON CONFLICT DO NOTHING`` of the
-  claim, the ledger insert, ``COMMIT``;
-* ``hand/row``: ``hand`` writing onceonly's own claim row instead (the records table:
-  15 columns and its ``(state, expires_at)`` index, the statement ``Inbox`` sends): what
+  ``synchronous=NORMAL``, read back and printed): ``BEGIN IMMEDIATE; INSERT INTO processed
+  (key) VALUES (?) ON CONFLICT DO NOTHING RETURNING key; INSERT INTO ledger (key, amount)
+  VALUES (?, ?); COMMIT`` (``processed``: ``key TEXT PRIMARY KEY``);
+* ``hand/row``: the statements ``Inbox`` sends, by hand: ``BEGIN IMMEDIATE``, a read of
+  the key in onceonly's records table, the ledger insert, the insert of the completed
+  record (15 columns and the table's ``(state, expires_at)`` index), ``COMMIT``: what
   ``Inbox`` would cost with no Python of its own, the ceiling of ``inbox / hand``;
 * ``inbox/batch``: ``inbox.process_batch`` of ``--batch`` messages;
 * ``inbox/replay``: ``inbox.process`` of keys already completed.
 
 One thread (SQLite has one writer). The cases alternate in ``--slice`` second slices,
 ``--rounds`` times; the medians and their ratios are printed, by wall time and by this
-process's CPU time (user + system, steadier on a shared machine).
+process's CPU time (user + system, steadier on a shared machine), with the load average.
 
     .venv/bin/python bench/inbox_sqlite.py [--rounds 5] [--slice 1] [--batch 50]
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import secrets
 import sqlite3
 import statistics
@@ -61,31 +64,34 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         store = onceonly.open_store(f"sqlite:///{d}/bench.db", migrate=True)
         with store.transaction() as s:
-            s.execute("CREATE TABLE ledger (id TEXT, amount INTEGER)")
+            s.execute("CREATE TABLE ledger (key TEXT, amount INTEGER)")
         inbox = onceonly.Inbox(store, "bench")
         conn = sqlite3.connect(f"{d}/bench.db", isolation_level=None)
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute(
-            "CREATE TABLE claims (scope TEXT, key TEXT, state TEXT, token INTEGER,"
-            " completed_at REAL, PRIMARY KEY (scope, key))"
-        )
+        conn.execute(f"PRAGMA synchronous = {store.synchronous}")
+        conn.execute("CREATE TABLE processed (key TEXT PRIMARY KEY)")
+        with store.transaction() as s:  # the store's settings, read on its own connection
+            mode = s.execute("PRAGMA journal_mode").fetchone()[0]
+            sync = s.execute("PRAGMA synchronous").fetchone()[0]
+        hand_mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        hand_sync = conn.execute("PRAGMA synchronous").fetchone()[0]
+        assert (mode, sync) == (hand_mode, hand_sync), ((mode, sync), (hand_mode, hand_sync))
 
         def handler(payload: Any, tx: onceonly.Tx) -> None:
-            tx.execute("INSERT INTO ledger (id, amount) VALUES (?, 1)", (payload,))
+            tx.execute("INSERT INTO ledger (key, amount) VALUES (?, ?)", (payload, 1))
 
         def hand() -> int:
             k = key()
             conn.execute("BEGIN IMMEDIATE")
             claimed = conn.execute(
-                "INSERT INTO claims VALUES ('bench', ?, 'completed', 1, julianday('now'))"
-                " ON CONFLICT DO NOTHING",
+                "INSERT INTO processed (key) VALUES (?) ON CONFLICT DO NOTHING RETURNING key",
                 (k,),
-            ).rowcount
-            if claimed:
-                conn.execute("INSERT INTO ledger (id, amount) VALUES (?, 1)", (k,))
+            ).fetchone()
+            if claimed is not None:
+                conn.execute("INSERT INTO ledger (key, amount) VALUES (?, ?)", (k, 1))
             conn.execute("COMMIT")
             return 1
 
+        read_row = "SELECT state FROM onceonly_records WHERE scope = ? AND key = ?"
         claim_row = (
             "INSERT INTO onceonly_records (scope, key, created_at, state, fingerprint, token,"
             " attempts, lease_until, result, error, payload, checkpoint, updated_at,"
@@ -93,18 +99,16 @@ def main() -> None:
             " ON CONFLICT (scope, key) DO NOTHING"
         )
         fp = "2:" + "0" * 64
-        nulls = (None,) * 5
+        row = (None, "null", None, None, None)  # lease_until, result, error, payload, checkpoint
 
         def hand_row() -> int:
             k = key()
             now = time.time()
             conn.execute("BEGIN IMMEDIATE")
-            claimed = conn.execute(
-                claim_row,
-                ("bench", k, now, "completed", fp, 1, 0, *nulls, now, now, now + 7 * 86400),
-            ).rowcount
-            if claimed:
-                conn.execute("INSERT INTO ledger (id, amount) VALUES (?, 1)", (k,))
+            if conn.execute(read_row, ("bench", k)).fetchone() is None:
+                conn.execute("INSERT INTO ledger (key, amount) VALUES (?, ?)", (k, 1))
+                done_at = (now, now, now + 7 * 86400)
+                conn.execute(claim_row, ("bench", k, now, "completed", fp, 1, 0, *row, *done_at))
             conn.execute("COMMIT")
             return 1
 
@@ -135,14 +139,18 @@ def main() -> None:
             "inbox/replay": replay,
         }
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
+        load = [os.getloadavg()[0]]
         for work in cases.values():
             rate(0.2, work)  # warm-up
         for _ in range(args.rounds):
             for name, work in cases.items():
                 results[name].append(rate(args.slice, work))
+            load.append(os.getloadavg()[0])
         med = {name: statistics.median(r for r, _ in v) for name, v in results.items()}
         cpu = {name: statistics.median(c for _, c in v) for name, v in results.items()}
         print(f"{args.rounds} rounds of {args.slice:g} s per case, interleaved, one thread")
+        print(f"journal_mode={mode} synchronous={sync} (0 off, 1 normal, 2 full) on both")
+        print(f"load average (1 min) {min(load):.2f}..{max(load):.2f}")
         for name, value in med.items():
             print(f"{name:<14}{value:>10,.0f} msg/s {cpu[name]:>7.1f} µs CPU/msg")
         for name in ("hand/row", "inbox", "inbox/batch", "inbox/replay"):
@@ -150,6 +158,10 @@ def main() -> None:
                 f"{name + ' / hand':<22}{med[name] / med['hand']:.2f}x wall "
                 f"{cpu['hand'] / cpu[name]:.2f}x CPU"
             )
+        print(
+            f"{'inbox / hand/row':<22}{med['inbox'] / med['hand/row']:.2f}x wall "
+            f"{cpu['hand/row'] / cpu['inbox']:.2f}x CPU (the share left to the library's Python)"
+        )
         conn.close()
         store.close()
 

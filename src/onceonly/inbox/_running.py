@@ -15,8 +15,6 @@ outage the consumers retry for ever. Such a call is refused at once instead.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from onceonly.errors import ConfigurationError
 from onceonly.types import AsyncStore, Store
@@ -28,14 +26,25 @@ _store: contextvars.ContextVar[Store | AsyncStore | None] = contextvars.ContextV
 )
 
 
-@contextmanager
-def inside_atomic_handler(store: Store | AsyncStore) -> Iterator[None]:
+def inside_atomic_handler(store: Store | AsyncStore) -> _Inside:
     """Mark the handler run in this context as inside ``store``'s atomic transaction."""
-    reset = _store.set(store)
-    try:
-        yield
-    finally:
-        _store.reset(reset)
+    return _Inside(store)
+
+
+class _Inside:
+    """:func:`inside_atomic_handler`: a class rather than a generator context manager, as
+    it is entered once per message."""
+
+    __slots__ = ("_reset", "_store")
+
+    def __init__(self, store: Store | AsyncStore) -> None:
+        self._store = store
+
+    def __enter__(self) -> None:
+        self._reset = _store.set(self._store)
+
+    def __exit__(self, *exc: object) -> None:
+        _store.reset(self._reset)
 
 
 def refuse_nested(store: Store | AsyncStore, what: str) -> None:

@@ -64,9 +64,12 @@ def _record(row: Sequence[Any]) -> Record:
 _STATE_TEXT = {state: state.value for state in State}
 
 
-def _insert_values(scope: str, key: str, write: Write, now: float) -> tuple[Any, ...]:
-    """The bound values of ``insert``: scope, key, created_at, then ``_row_values``."""
-    return (scope, key, now, *_row_values(write, now))
+def _insert_values(
+    scope: str, key: str, write: Write, now: float, created: float | None = None
+) -> tuple[Any, ...]:
+    """The bound values of ``insert``: scope, key, created_at (``created``, default
+    ``now``), then ``_row_values``."""
+    return (scope, key, now if created is None else created, *_row_values(write, now))
 
 
 def _row_values(write: Write, now: float) -> tuple[Any, ...]:
@@ -94,9 +97,12 @@ def _update_values(write: Write, now: float) -> tuple[Any, ...]:
     return (*values[:8], write.keep_checkpoint, *values[8:])
 
 
-def _written(scope: str, key: str, write: Write, now: float) -> Record:
+def _written(
+    scope: str, key: str, write: Write, now: float, created: float | None = None
+) -> Record:
     """The record an insert of ``write`` at ``now`` stored (what ``RETURNING`` would read
-    back: the same values, so the statement needs no ``RETURNING``)."""
+    back: the same values, so the statement needs no ``RETURNING``); ``created``: its
+    ``created_at`` when not ``now``."""
     return Record(
         scope,
         key,
@@ -109,7 +115,7 @@ def _written(scope: str, key: str, write: Write, now: float) -> Record:
         write.error,
         write.payload,
         write.checkpoint,
-        now,
+        now if created is None else created,
         now,
         now if write.completed else None,
         None if write.ttl_seconds is None else now + write.ttl_seconds,

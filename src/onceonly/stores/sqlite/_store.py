@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import threading
@@ -142,14 +143,36 @@ def _deny_transaction(
 
 
 class SQLiteSession:
-    """One SQLite connection, inside a transaction or in autocommit."""
+    """One SQLite connection, inside a transaction or in autocommit.
+
+    In a transaction of the store's own (``BEGIN IMMEDIATE``: this connection holds the
+    database's write lock, so no other writer can add the key before it commits), a
+    claim of an absent key is a read: the claim's row is written once, by the statement
+    that stores its completion (the claim's insert carrying the completion's values),
+    instead of an insert and then an update of the same row. Until then it is
+    *pending*: any other use of the record through this session writes it first, and
+    a commit of the session with the claim still pending writes it as claimed. Nobody
+    outside the transaction can tell the difference: they see neither before it
+    commits. The statements a handler runs (``execute``) do not see a pending claim.
+    """
+
+    __slots__ = ("_conn", "_deferred", "_pending", "_store", "_transactional")
 
     def __init__(
-        self, store: SQLiteStore, conn: sqlite3.Connection, *, transactional: bool = False
+        self,
+        store: SQLiteStore,
+        conn: sqlite3.Connection,
+        *,
+        transactional: bool = False,
+        deferred: bool = False,
     ) -> None:
         self._store = store
         self._conn = conn
         self._transactional = transactional
+        # whether a claim may stay pending (the store's own BEGIN IMMEDIATE), and the
+        # pending one: (scope, key, write, its time)
+        self._deferred = deferred
+        self._pending: tuple[str, str, Write, float] | None = None
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -165,6 +188,16 @@ class SQLiteSession:
         return TxHealth.OK
 
     def claim(self, scope: str, key: str, write: Write) -> Snapshot:
+        if self._deferred and self._pending is None:
+            try:
+                row = self._conn.execute(self._store._get, (scope, key)).fetchone()
+            except sqlite3.Error as exc:
+                raise _translate(exc) from exc
+            now = self._store.clock()
+            if row is not None:
+                return Snapshot(_record(row), now)
+            self._pending = (scope, key, write, now)
+            return Snapshot(_written(scope, key, write, now), now, True)
         while True:
             record = self.insert(scope, key, write)
             if record is not None:
@@ -174,7 +207,23 @@ class SQLiteSession:
                 return snap
             # purged between the two statements (autocommit only): insert again
 
+    def flush(self) -> None:
+        """Write the pending claim, if any, as it was claimed (see the class docstring).
+
+        A transaction that ended meanwhile took the claim with it: it is dropped.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None or not self._conn.in_transaction:
+            return
+        scope, key, write, now = pending
+        try:
+            self._conn.execute(self._store._insert, _insert_values(scope, key, write, now))
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+
     def get(self, scope: str, key: str) -> Snapshot:
+        if self._pending is not None:
+            self.flush()
         try:
             row = self._conn.execute(self._store._get, (scope, key)).fetchone()
         except sqlite3.Error as exc:
@@ -182,6 +231,8 @@ class SQLiteSession:
         return Snapshot(_record(row) if row else None, self._store.clock())
 
     def insert(self, scope: str, key: str, write: Write) -> Record | None:
+        if self._pending is not None:
+            self.flush()
         now = self._store.clock()
         try:
             inserted = self._conn.execute(
@@ -191,7 +242,38 @@ class SQLiteSession:
             raise _translate(exc) from exc
         return _written(scope, key, write, now) if inserted == 1 else None
 
+    def _complete_pending(
+        self, pending: tuple[str, str, Write, float], write: Write
+    ) -> Record | None:
+        """``update`` of the pending claim: one insert of the claim carrying ``write``."""
+        self._pending = None
+        if not self._conn.in_transaction:
+            return None  # the transaction ended, and the claim with it: not ours any more
+        scope, key, claimed, created = pending
+        if write.keep_checkpoint and write.checkpoint != claimed.checkpoint:
+            write = dataclasses.replace(write, checkpoint=claimed.checkpoint)
+        now = self._store.clock()
+        try:
+            inserted = self._conn.execute(
+                self._store._insert, _insert_values(scope, key, write, now, created)
+            ).rowcount
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+        return _written(scope, key, write, now, created) if inserted == 1 else None
+
     def update(self, scope: str, key: str, expect: Expect, write: Write) -> Record | None:
+        pending = self._pending
+        if pending is not None:
+            claimed = pending[2]
+            if (
+                pending[1] == key
+                and pending[0] == scope
+                and expect.token == claimed.token
+                and expect.state is claimed.state
+                and not expect.lapsed  # (a time condition: the UPDATE below checks it)
+            ):
+                return self._complete_pending(pending, write)
+            self.flush()
         now = self._store.clock()
         try:
             row = self._conn.execute(
@@ -234,6 +316,8 @@ class SQLiteSession:
             self._conn.commit()
 
     def renew(self, scope: str, key: str, token: int, lease_seconds: float) -> float | None:
+        if self._pending is not None:
+            self.flush()
         with self._write_lock():
             now = self._store.clock()
             with _errors():
@@ -245,6 +329,8 @@ class SQLiteSession:
     def save_checkpoint(
         self, scope: str, key: str, token: int, checkpoint: str, lease_seconds: float | None = None
     ) -> bool:
+        if self._pending is not None:
+            self.flush()
         with self._write_lock():
             now = self._store.clock()
             until = None if lease_seconds is None else now + lease_seconds
@@ -261,7 +347,7 @@ class _Transaction:
     A class rather than a generator context manager: it is entered once per message.
     """
 
-    __slots__ = ("_busy", "_conn", "_store")
+    __slots__ = ("_busy", "_conn", "_fence", "_session", "_store")
 
     def __init__(self, store: SQLiteStore, busy: int) -> None:
         self._store = store
@@ -286,7 +372,9 @@ class _Transaction:
             fence = store._fences[id(conn)] = _Fence()
             conn.set_authorizer(fence)
         fence.armed = True
-        return SQLiteSession(store, conn, transactional=True)
+        self._fence = fence
+        self._session = session = SQLiteSession(store, conn, transactional=True, deferred=True)
+        return session
 
     def __exit__(
         self,
@@ -295,7 +383,7 @@ class _Transaction:
         tb: TracebackType | None,
     ) -> None:
         conn = self._conn
-        self._store._fences[id(conn)].armed = False
+        self._fence.armed = False
         try:
             if exc_type is not None:
                 if conn.in_transaction:
@@ -305,6 +393,8 @@ class _Transaction:
                 # COMMIT now would report writes that are not ours to report
                 raise TransactionEnded("the transaction was ended inside the session")
             try:
+                if self._session._pending is not None:
+                    self._session.flush()
                 conn.commit()
             except sqlite3.Error as error:
                 raise _translate(error) from error
