@@ -191,3 +191,35 @@ def test_one_step_init_is_the_dataclass_init(cls: Any) -> None:
     assert getattr(dataclasses.replace(made, **{first: 7}), first) == 7
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(made, first, 8)
+
+
+_json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text()),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=4), children, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    _json_values,
+    st.sampled_from(["", " ", "\n"]),
+    st.sampled_from(["", " ", "\t\n", "x", "]", ' {"a":1}']),
+)
+def test_codec_decode_shortcut_is_json_loads(value: Any, before: str, after: str) -> None:
+    """Decoding a plain stored result reads what json.loads reads, and refuses what it
+    refuses (surrounding whitespace, trailing text)."""
+    import json
+
+    text = before + json.dumps(value, separators=(",", ":")) + after
+    try:
+        expected: tuple[str, Any] = ("ok", json.loads(text))
+    except ValueError:
+        expected = ("refused", None)
+    try:
+        got: tuple[str, Any] = ("ok", codec.decode(text))
+    except EncodingError:
+        got = ("refused", None)
+    assert got == expected

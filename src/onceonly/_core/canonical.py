@@ -50,7 +50,7 @@ import itertools
 import json
 import math
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -172,6 +172,26 @@ def _decimal(value: Decimal) -> Any:
 # One encoder for every call (json.dumps with options builds a new one each time).
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _dumps = _ENCODER.encode
+
+
+def _c_encoder() -> Callable[[Any], str]:
+    """:data:`_dumps` without its per-call set-up: the C encoder ``_ENCODER.encode``
+    builds on every call, built once (no circular check: :func:`_plain` bounds the
+    depth of what it is given). Where the C encoder is missing, :data:`_dumps`."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    quote = getattr(json.encoder, "c_encode_basestring", None)
+    if make is None or quote is None:
+        return _dumps
+    encoder = make(None, _ENCODER.default, quote, None, ":", ",", True, False, True)
+
+    def dumps(value: Any) -> str:
+        return "".join(encoder(value, 0))
+
+    return dumps
+
+
+# only for containers that passed _plain (the C encoder's output is the same)
+_dumps_plain = _c_encoder()
 
 
 class _JsonText:
@@ -310,7 +330,7 @@ def _fast(payload: Any) -> bytes | None:
     if kind is dict or kind is list or kind is tuple:
         if not _plain(payload, 0):
             return None
-        text = _dumps(payload)
+        text = _dumps_plain(payload)
         return None if '"$' in text else text.encode("utf-8")
     if payload is None or kind is bool:
         return _dumps(payload).encode()
