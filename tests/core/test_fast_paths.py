@@ -9,6 +9,7 @@ is compared with the general walk over generated inputs.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import enum
 import inspect
 import subprocess
@@ -223,3 +224,74 @@ def test_codec_decode_shortcut_is_json_loads(value: Any, before: str, after: str
     except EncodingError:
         got = ("refused", None)
     assert got == expected
+
+
+_HINTS: list[Any] = [
+    None,
+    Any,
+    object,
+    dict,
+    list,
+    dict[str, Any],
+    list[Any],
+    dict[str, list[Any]],
+    dict[str, dict[str, Any]],
+    list[dict[str, Any]],
+    # not plain: the Decoder may rebuild these, so they keep the full path
+    dict[str, int],
+    dict[int, Any],
+    list[int],
+    tuple[Any, ...],
+    set[Any],
+    str,
+    int,
+    float,
+    dict[str, dt.datetime],
+    list[dt.date] | None,
+]
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    st.one_of(
+        _json_values,
+        st.integers(min_value=95, max_value=110).map(lambda n: _nested_list(n)),
+    ),
+    st.sampled_from(_HINTS),
+)
+def test_codec_decode_plain_hints_skip_nothing(value: Any, hint: Any) -> None:
+    """A plain stored result decoded under a hint: what the Decoder gives (or the same
+    refusal, past its depth limit), whether the hint takes the shortcut or not."""
+    import json
+
+    from onceonly._core.rebuild import Decoder
+
+    text = json.dumps(value, separators=(",", ":"))
+    try:
+        node = json.loads(text)
+        # without a hint, plain JSON was always returned as parsed (no Decoder)
+        rebuilt = node if hint is None else Decoder(legacy=True).decode(node, hint, 0)
+        expected: tuple[str, Any] = ("ok", rebuilt)
+    except EncodingError:
+        expected = ("refused", None)
+    try:
+        got: tuple[str, Any] = ("ok", codec.decode(text, hint))
+    except EncodingError:
+        got = ("refused", None)
+    assert got == expected
+    assert type(got[1]) is type(expected[1])
+
+
+def _nested_list(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_plain_hints_are_told_apart() -> None:
+    """The shortcut is taken for JSON-shaped hints only."""
+    from onceonly._core.rebuild import plain_hint
+
+    assert all(plain_hint(h) for h in _HINTS[:10])
+    assert not any(plain_hint(h) for h in _HINTS[10:])

@@ -41,6 +41,7 @@ import base64
 import dataclasses
 import datetime as dt
 import enum
+import functools
 import json
 import math
 import uuid
@@ -51,7 +52,7 @@ from decimal import Decimal
 from typing import Any
 
 from onceonly._core.canonical import MAX_DEPTH
-from onceonly._core.rebuild import Decoder, damaged
+from onceonly._core.rebuild import Decoder, damaged, plain_hint
 from onceonly.errors import ConfigurationError, EncodingError, TooLarge
 
 __all__ = [
@@ -334,6 +335,22 @@ def encode(
 _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
+@functools.lru_cache(maxsize=256)
+def _plain_hinted(result_type: Any) -> bool:
+    return plain_hint(result_type)
+
+
+def _plain_hint(result_type: Any, text: str) -> bool:
+    """Whether the Decoder would return ``text`` (plain JSON) as parsed under
+    ``result_type`` (:func:`~onceonly._core.rebuild.plain_hint`), nested too little for
+    its depth check (fewer brackets than ``MAX_DEPTH``, counted at C speed)."""
+    try:
+        plain = _plain_hinted(result_type)
+    except TypeError:  # an unhashable hint
+        plain = plain_hint(result_type)
+    return plain and text.count("[") + text.count("{") <= MAX_DEPTH
+
+
 def decode(text: str, result_type: Any = None) -> Any:
     """Decode a stored result; rebuild ``result_type`` when given.
 
@@ -349,7 +366,7 @@ def decode(text: str, result_type: Any = None) -> Any:
             dataclass or model it should be rebuilt as.
     """
     legacy = not text.startswith(TYPED_PREFIX)
-    if legacy and result_type is None:
+    if legacy and (result_type is None or _plain_hint(result_type, text)):
         # the commonest replay: plain JSON as encode() wrote it (no surrounding
         # whitespace), read by json.loads's own C scanner without its set-up; anything
         # else (whitespace, trailing text, an error) takes json.loads below
