@@ -39,6 +39,7 @@ __all__ = [
     "AsyncStore",
     "Listener",
     "OutboxStatements",
+    "ReplayCache",
     "Session",
     "Snapshot",
     "Statement",
@@ -223,6 +224,22 @@ class Session(Protocol):
         with ``lease_seconds``, extend its lease as a renewal would."""
 
 
+class ReplayCache(Protocol):
+    """Completed records kept in this process (no I/O), asked before a claim's session.
+
+    A store with one names it as :attr:`Store.replay_cache`; a leased claim that it
+    answers opens no session and builds no claim (``@idempotent``, the leased inbox,
+    the HTTP flow). It answers only where the claim's decision would be a replay of the
+    record (:func:`onceonly._core.state.replays`); anything else is a miss.
+
+    .. versionadded:: 0.5
+    """
+
+    def replay(self, scope: str, key: str, fingerprint: str | None) -> tuple[Record, float] | None:
+        """The completed record a claim of ``(scope, key)`` with ``fingerprint`` replays,
+        and the store's now (estimated) at the decision; ``None``: ask the store."""
+
+
 class Store(Protocol):
     """A sync store of records."""
 
@@ -235,6 +252,11 @@ class Store(Protocol):
     outbox_table: str | None
     #: The schema version :meth:`migrate` writes (``None``: a store without tables).
     latest_schema_version: int | None
+    #: Completed records kept in this process, asked before a leased claim opens a
+    #: session (``None``: none; a ``TieredStore`` with a local tier has one).
+    #:
+    #: .. versionadded:: 0.5
+    replay_cache: ReplayCache | None
 
     @property
     def connection_source(self) -> Hashable:
@@ -361,6 +383,7 @@ class AsyncStore(Protocol):
     dialect: str
     outbox_table: str | None
     latest_schema_version: int | None
+    replay_cache: ReplayCache | None
 
     @property
     def connection_source(self) -> Hashable: ...

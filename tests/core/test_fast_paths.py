@@ -9,6 +9,7 @@ is compared with the general walk over generated inputs.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import enum
 import inspect
 import subprocess
@@ -191,3 +192,106 @@ def test_one_step_init_is_the_dataclass_init(cls: Any) -> None:
     assert getattr(dataclasses.replace(made, **{first: 7}), first) == 7
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(made, first, 8)
+
+
+_json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text()),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=4), children, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    _json_values,
+    st.sampled_from(["", " ", "\n"]),
+    st.sampled_from(["", " ", "\t\n", "x", "]", ' {"a":1}']),
+)
+def test_codec_decode_shortcut_is_json_loads(value: Any, before: str, after: str) -> None:
+    """Decoding a plain stored result reads what json.loads reads, and refuses what it
+    refuses (surrounding whitespace, trailing text)."""
+    import json
+
+    text = before + json.dumps(value, separators=(",", ":")) + after
+    try:
+        expected: tuple[str, Any] = ("ok", json.loads(text))
+    except ValueError:
+        expected = ("refused", None)
+    try:
+        got: tuple[str, Any] = ("ok", codec.decode(text))
+    except EncodingError:
+        got = ("refused", None)
+    assert got == expected
+
+
+_HINTS: list[Any] = [
+    None,
+    Any,
+    object,
+    dict,
+    list,
+    dict[str, Any],
+    list[Any],
+    dict[str, list[Any]],
+    dict[str, dict[str, Any]],
+    list[dict[str, Any]],
+    # not plain: the Decoder may rebuild these, so they keep the full path
+    dict[str, int],
+    dict[int, Any],
+    list[int],
+    tuple[Any, ...],
+    set[Any],
+    str,
+    int,
+    float,
+    dict[str, dt.datetime],
+    list[dt.date] | None,
+]
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    st.one_of(
+        _json_values,
+        st.integers(min_value=95, max_value=110).map(lambda n: _nested_list(n)),
+    ),
+    st.sampled_from(_HINTS),
+)
+def test_codec_decode_plain_hints_skip_nothing(value: Any, hint: Any) -> None:
+    """A plain stored result decoded under a hint: what the Decoder gives (or the same
+    refusal, past its depth limit), whether the hint takes the shortcut or not."""
+    import json
+
+    from onceonly._core.rebuild import Decoder
+
+    text = json.dumps(value, separators=(",", ":"))
+    try:
+        node = json.loads(text)
+        # without a hint, plain JSON was always returned as parsed (no Decoder)
+        rebuilt = node if hint is None else Decoder(legacy=True).decode(node, hint, 0)
+        expected: tuple[str, Any] = ("ok", rebuilt)
+    except EncodingError:
+        expected = ("refused", None)
+    try:
+        got: tuple[str, Any] = ("ok", codec.decode(text, hint))
+    except EncodingError:
+        got = ("refused", None)
+    assert got == expected
+    assert type(got[1]) is type(expected[1])
+
+
+def _nested_list(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_plain_hints_are_told_apart() -> None:
+    """The shortcut is taken for JSON-shaped hints only."""
+    from onceonly._core.rebuild import plain_hint
+
+    assert all(plain_hint(h) for h in _HINTS[:10])
+    assert not any(plain_hint(h) for h in _HINTS[10:])

@@ -50,7 +50,7 @@ import itertools
 import json
 import math
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -174,6 +174,26 @@ _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=
 _dumps = _ENCODER.encode
 
 
+def _c_encoder() -> Callable[[Any], str]:
+    """:data:`_dumps` without its per-call set-up: the C encoder ``_ENCODER.encode``
+    builds on every call, built once (no circular check: :func:`_plain` bounds the
+    depth of what it is given). Where the C encoder is missing, :data:`_dumps`."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    quote = getattr(json.encoder, "c_encode_basestring", None)
+    if make is None or quote is None:
+        return _dumps
+    encoder = make(None, _ENCODER.default, quote, None, ":", ",", True, False, True)
+
+    def dumps(value: Any) -> str:
+        return "".join(encoder(value, 0))
+
+    return dumps
+
+
+# only for containers that passed _plain (the C encoder's output is the same)
+_dumps_plain = _c_encoder()
+
+
 class _JsonText:
     """Parses JSON text strictly enough that its meaning is unambiguous."""
 
@@ -244,18 +264,60 @@ def _parse_text(payload: Any) -> Any:
 # and accepts NaN/Infinity, which the slow path then refuses). Text that starts with
 # anything else (or is empty) is not JSON, so it is tagged as text without parsing.
 _JSON_START = frozenset(' \t\n\r{["-0123456789tfnNI')
-# Scalars a flat mapping's values may be on the fast path. bool is its own type (not
-# ``int``), and int/str subclasses (enums) are left to the slow path.
-_FLAT = (str, bool, type(None))
-_FAST_INT_BITS = 63  # far below MAX_INT_DIGITS: such an int needs no digit check
+# Scalars a container may hold on the fast path as they are. bool is its own type (not
+# ``int``); int/str subclasses (enums) and every other type are left to the slow path.
+_PLAIN = frozenset({str, bool, type(None)})
+_FAST_INT = 2**63  # far below MAX_INT_DIGITS: an int in (-2**63, 2**63) needs no digit check
+
+
+def _plain(value: Any, depth: int) -> bool:
+    """Whether the general walk leaves ``value`` (a container) as it is, so that
+    ``json`` writes it as the walk's output would be written.
+
+    True for a ``dict`` (exact type) whose keys are ``str`` and a ``list`` or ``tuple``
+    (exact types; both are JSON arrays either way), nested less than ``MAX_DEPTH`` deep,
+    whose members are ``str``, ``bool``, ``None``, exact ``int`` within 63 bits, finite
+    non-integral ``float`` (the walk writes an integral float, ``-0.0`` and ``1e16``
+    included, as an int) or such containers. Keys starting with ``$`` (which the walk
+    escapes) are not looked at here: :func:`_fast` finds them in the output.
+    """
+    kind = type(value)
+    if depth >= MAX_DEPTH:
+        return False
+    if kind is dict:
+        for k in value:
+            if type(k) is not str:
+                return False
+        members = value.values()
+    elif kind is list or kind is tuple:
+        members = value
+    else:
+        return False
+    depth += 1
+    for v in members:
+        vkind = type(v)
+        if vkind in _PLAIN:
+            continue
+        if vkind is int:
+            if -_FAST_INT < v < _FAST_INT:
+                continue
+            return False
+        if vkind is float:
+            if math.isfinite(v) and not v.is_integer():
+                continue
+            return False
+        if not _plain(v, depth):
+            return False
+    return True
 
 
 def _fast(payload: Any) -> bytes | None:
     """The canonical bytes of the commonest payloads, or ``None`` for the general walk.
 
-    Covers text that is not JSON, exact ``int``, ``bool``, ``None``, and a ``dict``
-    whose keys are ``str`` not starting with ``$`` and whose values are such scalars or
-    finite non-integral floats. The output is byte-identical to :func:`_slow`'s (a
+    Covers text that is not JSON, exact ``int``, ``bool``, ``None``, and the JSON-like
+    containers :func:`_plain` accepts, written by the C encoder. A ``"$`` anywhere in
+    that output may be a key starting with ``$`` (which the walk escapes): such a payload
+    goes to the general walk too. The output is byte-identical to :func:`_slow`'s (a
     Hypothesis test compares them).
     """
     kind = type(payload)
@@ -264,20 +326,12 @@ def _fast(payload: Any) -> bytes | None:
             return None  # may be JSON text: parse it on the slow path
         return ('{"$text":' + _ENCODER.encode(payload) + "}").encode("utf-8")
     if kind is int:
-        return str(payload).encode() if payload.bit_length() <= _FAST_INT_BITS else None
-    if kind is dict:
-        for k, v in payload.items():
-            if type(k) is not str or k[:1] == "$":
-                return None
-            vkind = type(v)
-            if vkind in _FLAT:
-                continue
-            if vkind is int:
-                if v.bit_length() > _FAST_INT_BITS:
-                    return None
-            elif vkind is not float or not math.isfinite(v) or v.is_integer():
-                return None  # integral floats are written as ints: the slow path does it
-        return _dumps(payload).encode("utf-8")
+        return str(payload).encode() if -_FAST_INT < payload < _FAST_INT else None
+    if kind is dict or kind is list or kind is tuple:
+        if not _plain(payload, 0):
+            return None
+        text = _dumps_plain(payload)
+        return None if '"$' in text else text.encode("utf-8")
     if payload is None or kind is bool:
         return _dumps(payload).encode()
     return None
@@ -300,6 +354,8 @@ def canonical_json(payload: Any, fields: Iterable[str] | None = None) -> bytes:
             fast = _fast(payload)
         except UnicodeEncodeError:
             raise _refuse("it holds text with a lone surrogate (not valid Unicode)") from None
+        except RecursionError:  # the caller's stack is nearly full: the slow path says so
+            fast = None
         if fast is not None:
             return fast
     return _slow(payload, fields)

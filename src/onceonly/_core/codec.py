@@ -41,16 +41,18 @@ import base64
 import dataclasses
 import datetime as dt
 import enum
+import functools
 import json
 import math
 import uuid
 import zoneinfo
 from collections import abc
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 from onceonly._core.canonical import MAX_DEPTH
-from onceonly._core.rebuild import Decoder, damaged
+from onceonly._core.rebuild import Decoder, damaged, plain_hint
 from onceonly.errors import ConfigurationError, EncodingError, TooLarge
 
 __all__ = [
@@ -328,6 +330,26 @@ def encode(
 
 # -- decoding
 
+# What json.loads runs on a text without surrounding whitespace (its default decoder's
+# scanner: the C one where there is one), without the set-up of each call.
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+@functools.lru_cache(maxsize=256)
+def _plain_hinted(result_type: Any) -> bool:
+    return plain_hint(result_type)
+
+
+def _plain_hint(result_type: Any, text: str) -> bool:
+    """Whether the Decoder would return ``text`` (plain JSON) as parsed under
+    ``result_type`` (:func:`~onceonly._core.rebuild.plain_hint`), nested too little for
+    its depth check (fewer brackets than ``MAX_DEPTH``, counted at C speed)."""
+    try:
+        plain = _plain_hinted(result_type)
+    except TypeError:  # an unhashable hint
+        plain = plain_hint(result_type)
+    return plain and text.count("[") + text.count("{") <= MAX_DEPTH
+
 
 def decode(text: str, result_type: Any = None) -> Any:
     """Decode a stored result; rebuild ``result_type`` when given.
@@ -344,6 +366,16 @@ def decode(text: str, result_type: Any = None) -> Any:
             dataclass or model it should be rebuilt as.
     """
     legacy = not text.startswith(TYPED_PREFIX)
+    if legacy and (result_type is None or _plain_hint(result_type, text)):
+        # the commonest replay: plain JSON as encode() wrote it (no surrounding
+        # whitespace), read by json.loads's own C scanner without its set-up; anything
+        # else (whitespace, trailing text, an error) takes json.loads below
+        try:
+            node, end = _scan(text, 0)
+        except (StopIteration, ValueError, RecursionError):
+            end = -1
+        if end == len(text):
+            return node
     try:
         node = json.loads(text if legacy else text[len(TYPED_PREFIX) :])
     except RecursionError:

@@ -27,7 +27,7 @@ from typing import Any
 from onceonly._core.canonical import MAX_DEPTH
 from onceonly.errors import EncodingError
 
-__all__ = ["Decoder", "damaged"]
+__all__ = ["Decoder", "damaged", "plain_hint"]
 
 
 class _NoFit(Exception):
@@ -142,6 +142,22 @@ def _legacy_scalar(node: Any, tp: Any) -> Any:
     except (ValueError, TypeError, InvalidOperation):
         pass
     raise _NoFit
+
+
+def plain_hint(tp: Any) -> bool:
+    """Whether ``tp`` asks nothing of a plain (legacy) JSON result that parsing does not
+    already give: no hint, ``Any``/``object``, bare ``dict``/``list``, or
+    ``dict[str, …]``/``list[…]`` of such hints. :class:`Decoder` (``legacy=True``)
+    returns such a result as parsed (a test compares them)."""
+    tp = _resolve(tp)
+    if tp is None or tp is dict or tp is list:
+        return True
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is dict and len(args) == 2:
+        return _resolve(args[0]) in (None, str) and plain_hint(args[1])
+    if origin is list and len(args) == 1:
+        return plain_hint(args[0])
+    return False
 
 
 class Decoder:

@@ -245,6 +245,32 @@ def is_expired(record: Record, now: float) -> bool:
     )
 
 
+def mismatches(record: Record, fingerprint: str | None) -> bool:
+    """Rule 2: ``fingerprint`` is another payload than the one ``record`` was stored for
+    (both known and of one scheme, and different)."""
+    return (
+        fingerprint is not None
+        and record.fingerprint is not None
+        and fingerprint != record.fingerprint
+        and comparable(record.fingerprint, fingerprint)
+    )
+
+
+def replays(record: Record, now: float, fingerprint: str | None) -> bool:
+    """Whether :func:`decide` answers :data:`Action.REPLAY` for ``record`` at ``now``,
+    whatever the policy and token (rules 1 to 3: completed, unexpired, no mismatch).
+
+    For callers that hold a completed record already (a cache tier) and short-cut the
+    claim only where the decision would be a replay; anything else goes to the store
+    and :func:`decide`. A test compares it with :func:`decide`.
+    """
+    return (
+        record.state is State.COMPLETED
+        and not is_expired(record, now)
+        and not mismatches(record, fingerprint)
+    )
+
+
 def claim_write(fingerprint: str | None, token: int, policy: Policy, attempts: int = 0) -> Write:
     """The write that takes a claim: ``in_progress`` under ``token`` with a fresh lease."""
     return Write(
@@ -303,12 +329,7 @@ def decide(
             attempt=1,
             expect=Expect(record.token, State.COMPLETED, lapsed=True),
         )
-    if (
-        fingerprint is not None
-        and record.fingerprint is not None
-        and fingerprint != record.fingerprint
-        and comparable(record.fingerprint, fingerprint)
-    ):
+    if mismatches(record, fingerprint):
         return Decision(Action.MISMATCH, record)
     if fingerprint is not None and (
         record.fingerprint is None or not comparable(record.fingerprint, fingerprint)

@@ -163,12 +163,13 @@ class _Idempotent:
             "result_type": _return_type(fn),
             "listeners": self.listeners,
         }
+        what = f"@idempotent {scope}"
         if is_async:
             arunner = AsyncLeasedRunner(self.store, **opts)
 
             @functools.wraps(fn)
             async def awrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                refuse_nested(self.store, f"@idempotent {scope}")
+                refuse_nested(self.store, what)
                 key = validate_key(self.key(*args, **kwargs))
                 fp, arguments = self._fp(sig, names, args, kwargs)
                 result, _, _ = await arunner.run(key, fp, lambda: fn(*args, **kwargs), arguments)
@@ -179,7 +180,7 @@ class _Idempotent:
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-            refuse_nested(self.store, f"@idempotent {scope}")
+            refuse_nested(self.store, what)
             key = validate_key(self.key(*args, **kwargs))
             fp, arguments = self._fp(sig, names, args, kwargs)
             result, _, _ = runner.run(key, fp, lambda: fn(*args, **kwargs), arguments)

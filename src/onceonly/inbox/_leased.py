@@ -43,6 +43,7 @@ from onceonly import _runtime
 from onceonly._core import codec, error_text
 from onceonly._core.backoff import outage_delay
 from onceonly._core.keys import validate_key
+from onceonly._core.lateness import replay_lateness
 from onceonly._core.state import (
     Expect,
     Policy,
@@ -92,22 +93,22 @@ class _Notes(Generic[V]):
     ``_UNCONFIRMED_MAX`` keys (the oldest note goes first)."""
 
     def __init__(self) -> None:
-        self._notes: collections.OrderedDict[str, V] = collections.OrderedDict()
+        self.notes: collections.OrderedDict[str, V] = collections.OrderedDict()
 
     def __contains__(self, key: str) -> bool:
-        return key in self._notes
+        return key in self.notes
 
     def get(self, key: str) -> V | None:
-        return self._notes.get(key)
+        return self.notes.get(key)
 
     def pop(self, key: str) -> V | None:
-        return self._notes.pop(key, None)
+        return self.notes.pop(key, None)
 
     def note(self, key: str, value: V) -> None:
-        if len(self._notes) >= _UNCONFIRMED_MAX:
+        if len(self.notes) >= _UNCONFIRMED_MAX:
             with contextlib.suppress(KeyError):  # another thread emptied it meanwhile
-                self._notes.popitem(last=False)
-        self._notes[key] = value
+                self.notes.popitem(last=False)
+        self.notes[key] = value
 
 
 def current_claim() -> Claim:
@@ -551,6 +552,7 @@ class LeasedRunner:
         # key -> the fenced final write of a run whose outcome could not be stored
         self._unrecorded: _Notes[Write] = _Notes()
         self.final_write_budget = final_write_budget
+        self._replays = store.replay_cache
 
     def acquire(self, key: str, fp: str | None) -> Claim | Replay:
         """Take the claim of ``key`` with its heartbeat running, or the replay of it.
@@ -569,11 +571,30 @@ class LeasedRunner:
             InvalidKey, PayloadMismatch, InFlight, DeadLettered, StoreUnavailable: as
                 :meth:`claim` (nothing is held).
         """
+        return self._acquire(validate_key(key), fp, looked=False)
+
+    def _acquire(self, key: str, fp: str | None, *, looked: bool) -> Claim | Replay:
+        """:meth:`acquire` of a valid ``key``; ``looked``: the replay cache missed it."""
         started = _runtime.monotonic()
-        got = self.claim(key, fp)
+        got = self._claim(key, fp, looked=looked)
         if isinstance(got, Claim):
             got.start_heartbeat(started)
         return got
+
+    def _cached(self, key: str, fp: str | None) -> tuple[Record, float] | None:
+        """The replay of a valid ``key`` that the store's replay cache answers before any
+        session (:class:`~onceonly.types.ReplayCache`), and the store's now; ``None``:
+        claim it.
+
+        The cache answers only a claim that :func:`~onceonly._core.state.decide` would
+        answer with a replay of the same record (a test compares the two paths). A key
+        with a note of this runner (a claim whose reply was lost, an outcome not yet
+        stored) is never answered here: :meth:`claim` acts on the note first.
+        """
+        cache = self._replays
+        if cache is None or key in self._unrecorded.notes or key in self._unconfirmed.notes:
+            return None
+        return cache.replay(self.scope, key, fp)
 
     def claim(self, key: str, fp: str | None) -> Claim | Replay:
         """Take the claim of ``key`` (waiting up to ``wait`` for a live one), or a replay.
@@ -602,7 +623,14 @@ class LeasedRunner:
             OutcomeNotRecorded: an earlier run's noted outcome still cannot be stored
                 (the store is still away; the note is kept).
         """
-        key = validate_key(key)
+        return self._claim(validate_key(key), fp, looked=False)
+
+    def _claim(self, key: str, fp: str | None, *, looked: bool) -> Claim | Replay:
+        """:meth:`claim` of a valid ``key``; ``looked``: the replay cache missed it."""
+        if not looked:
+            hit = self._cached(key, fp)
+            if hit is not None:
+                return Replay(*hit)
         if key in self._unrecorded:
             replay = self._store_unrecorded(key)
             if replay is not None:
@@ -697,7 +725,12 @@ class LeasedRunner:
         """Run ``fn`` once for ``key``: returns (result, replayed, attempt), with the
         call's events emitted (see :meth:`process`)."""
         if not self.events:
-            done = self.process(key, fp, fn, payload)
+            key = validate_key(key)
+            hit = self._cached(key, fp)
+            if hit is not None:  # a replay from the cache: nothing else is built
+                record = hit[0]
+                return self.replay(record), True, record.attempts + 1
+            done = self._process(key, fp, fn, payload, looked=True)
             return done.result, done.replayed, done.attempt
         seen = Observation(self.events, self.scope, key)
 
@@ -743,7 +776,26 @@ class LeasedRunner:
 
         .. versionadded:: 0.5
         """
-        got = self.acquire(key, fp)
+        return self._process(validate_key(key), fp, fn, payload, looked=False)
+
+    def _process(
+        self,
+        key: str,
+        fp: str | None,
+        fn: Callable[[], Any],
+        payload: Any,
+        *,
+        looked: bool,
+    ) -> Outcome[Any]:
+        """:meth:`process` of a valid ``key``; ``looked``: the replay cache missed it."""
+        if not looked:
+            hit = self._cached(key, fp)
+            if hit is not None:
+                record, now = hit
+                lateness, ttl = replay_lateness(record, now)
+                result = self.replay(record)
+                return Outcome(result, True, key, record.attempts + 1, None, lateness, ttl)
+        got = self._acquire(key, fp, looked=True)
         if isinstance(got, Replay):
             lateness, ttl = got.lateness()
             result = self.replay(got.record)

@@ -121,6 +121,7 @@ class ThreadedAsyncStore:
         self.table: str | None = getattr(store, "table", None)  # a SQL store's records table
         self.outbox_table = store.outbox_table
         self.latest_schema_version = store.latest_schema_version
+        self.replay_cache = store.replay_cache  # no I/O: the same for sync and async
 
     @property
     def connection_source(self) -> Hashable:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from onceonly._core.state import Expect, Record, State, Write
 from onceonly.errors import ConfigurationError, InFlight, OnceOnlyError
 from onceonly.stores._outbox_sql import no_outbox
-from onceonly.types import Listener, OutboxStatements, Params, Snapshot, TxHealth
+from onceonly.types import Listener, OutboxStatements, Params, ReplayCache, Snapshot, TxHealth
 
 if TYPE_CHECKING:
     from onceonly.stores.memory._admin import MemoryAdmin
@@ -210,6 +210,7 @@ class MemoryStore:
     dialect = "memory"
     outbox_table: str | None = None  # no SQL, no outbox
     latest_schema_version: int | None = None  # no tables
+    replay_cache: ReplayCache | None = None  # no records kept in the process
 
     def __init__(self, *, clock: Callable[[], float] | None = None, url: str = "memory://") -> None:
         self.url = url

@@ -75,7 +75,7 @@ from onceonly.stores.mysql._sql import (
 
 if TYPE_CHECKING:
     from onceonly.stores.mysql._admin import MySQLAdmin
-    from onceonly.types import Listener
+    from onceonly.types import Listener, ReplayCache
 
 __all__ = ["SCHEMA_VERSION", "MySQLSession", "MySQLStore"]
 
@@ -108,6 +108,7 @@ class MySQLStore:
     atomic = True
     dialect = "mysql"
     latest_schema_version: int | None = SCHEMA_VERSION
+    replay_cache: ReplayCache | None = None  # no records kept in the process
 
     def __init__(
         self,

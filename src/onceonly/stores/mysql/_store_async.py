@@ -77,7 +77,7 @@ from onceonly.stores.mysql._sql import (
 
 if TYPE_CHECKING:
     from onceonly.stores.mysql._admin_async import AsyncMySQLAdmin
-    from onceonly.types import AsyncListener
+    from onceonly.types import AsyncListener, ReplayCache
 
 __all__ = ["SCHEMA_VERSION", "AsyncMySQLSession", "AsyncMySQLStore"]
 
@@ -112,6 +112,7 @@ class AsyncMySQLStore:
     atomic = True
     dialect = "mysql"
     latest_schema_version: int | None = SCHEMA_VERSION
+    replay_cache: ReplayCache | None = None  # no records kept in the process
 
     def __init__(
         self,

@@ -183,6 +183,7 @@ class PostgresStore(PooledConnections):
     atomic = True
     dialect = "postgresql"
     latest_schema_version: int | None = SCHEMA_VERSION
+    replay_cache: ReplayCache | None = None  # no records kept in the process
 
     def __init__(
         self,
@@ -531,7 +532,7 @@ class PostgresStore(PooledConnections):
 
 
 if TYPE_CHECKING:  # the contract is checked statically
-    from onceonly.types import Listener, OutboxStatements, Store
+    from onceonly.types import Listener, OutboxStatements, ReplayCache, Store
 
     _contract: type[Store] = PostgresStore
     _listener: type[Listener] = NotifyListener

@@ -183,6 +183,7 @@ class AsyncPostgresStore(AsyncPooledConnections):
     atomic = True
     dialect = "postgresql"
     latest_schema_version: int | None = SCHEMA_VERSION
+    replay_cache: ReplayCache | None = None  # no records kept in the process
 
     def __init__(
         self,
@@ -532,7 +533,7 @@ class AsyncPostgresStore(AsyncPooledConnections):
 
 
 if TYPE_CHECKING:  # the contract is checked statically
-    from onceonly.types import AsyncListener, AsyncStore, OutboxStatements
+    from onceonly.types import AsyncListener, AsyncStore, OutboxStatements, ReplayCache
 
     _contract: type[AsyncStore] = AsyncPostgresStore
     _listener: type[AsyncListener] = AsyncNotifyListener

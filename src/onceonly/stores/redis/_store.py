@@ -34,7 +34,7 @@ from onceonly.stores.redis import _lua as lua
 from onceonly.stores.redis import _url as _redis_url
 from onceonly.stores.redis._errors import redis_errors as _errors
 from onceonly.stores.redis._errors import translate
-from onceonly.types import Listener, Params, Snapshot, TxHealth
+from onceonly.types import Listener, Params, ReplayCache, Snapshot, TxHealth
 
 try:
     import redis as redis_client
@@ -168,6 +168,7 @@ class RedisStore:
     dialect = "redis"
     outbox_table: str | None = None  # no SQL, no outbox
     latest_schema_version: int | None = None  # no tables: scripts, loaded by migrate()
+    replay_cache: ReplayCache | None = None  # no records kept in the process
 
     def __init__(
         self,

@@ -33,7 +33,7 @@ from onceonly.stores.redis import _lua as lua
 from onceonly.stores.redis import _url as _redis_url
 from onceonly.stores.redis._errors import redis_errors as _errors
 from onceonly.stores.redis._errors import translate
-from onceonly.types import AsyncListener, Params, Snapshot, TxHealth
+from onceonly.types import AsyncListener, Params, ReplayCache, Snapshot, TxHealth
 
 try:
     import redis.asyncio as redis_client  # unasync: remove
@@ -169,6 +169,7 @@ class AsyncRedisStore:
     dialect = "redis"
     outbox_table: str | None = None  # no SQL, no outbox
     latest_schema_version: int | None = None  # no tables: scripts, loaded by migrate()
+    replay_cache: ReplayCache | None = None  # no records kept in the process
 
     def __init__(
         self,

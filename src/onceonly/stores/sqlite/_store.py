@@ -50,7 +50,7 @@ from onceonly.stores.sqlite._rows import (
     _update_values,
     _written,
 )
-from onceonly.types import Listener, Params, Snapshot, TxHealth
+from onceonly.types import Listener, Params, ReplayCache, Snapshot, TxHealth
 
 if TYPE_CHECKING:
     from onceonly.stores.sqlite._admin import SQLiteAdmin
@@ -420,6 +420,7 @@ class SQLiteStore:
     atomic = True
     dialect = "sqlite"
     latest_schema_version: int | None = SCHEMA_VERSION
+    replay_cache: ReplayCache | None = None  # no records kept in the process
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteStore:

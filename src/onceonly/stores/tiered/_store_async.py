@@ -67,6 +67,7 @@ from onceonly.types import (
     AsyncStore,
     OutboxStatements,
     Params,
+    ReplayCache,
     Snapshot,
     TxHealth,
 )
@@ -413,6 +414,8 @@ class AsyncTieredStore:
         self.dialect = durable.dialect
         self.outbox_table = durable.outbox_table
         self.latest_schema_version = durable.latest_schema_version
+        #: answers claims from the local tier before any session (``None``: no local tier)
+        self.replay_cache: ReplayCache | None = self if local is not None else None
         self.clock = Clock()
         self.hits: Counter[str] = Counter()  # answered by "local", "redis", "durable"
         self._space: str | None = None  # the durable store's id in the Redis tier's keys
@@ -508,12 +511,10 @@ class AsyncTieredStore:
         local_generation = None
         if self.local is not None:
             local_generation = self.local.generation
-            record = self.local.get(scope, key)
+            record = self.local.replay(scope, key, fingerprint, now)
             if record is not None:
-                if usable(record, fingerprint, now):
-                    self.hits["local"] += 1
-                    return record, Seen(local_generation, None, at)
-                self.local.drop(scope, key)
+                self.hits["local"] += 1
+                return record, Seen(local_generation, None, at)
         redis_generation = None
         if self.redis is not None:
             space = await self._redis_space()
@@ -525,6 +526,23 @@ class AsyncTieredStore:
                         self.local.put(record, local_generation)
                     return record, Seen(local_generation, redis_generation, at)
         return None, Seen(local_generation, redis_generation, at)
+
+    def replay(self, scope: str, key: str, fingerprint: str | None) -> tuple[Record, float] | None:
+        """The local tier's answer to a claim, before any session (the
+        :class:`~onceonly.types.ReplayCache` of this store): the record it keeps for
+        ``(scope, key)`` if a claim with ``fingerprint`` would replay it, and the durable
+        store's now as estimated here; ``None``: a claim asks the tiers and the durable
+        store as usual.
+        """
+        local = self.local
+        if local is None:
+            return None
+        now = self.clock.now()
+        record = local.replay(scope, key, fingerprint, now)
+        if record is None:
+            return None
+        self.hits["local"] += 1
+        return record, now
 
     async def observe(self, scope: str, key: str) -> Seen:
         """The tiers' generations of ``(scope, key)`` now (before a durable write)."""

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from onceonly._core.state import Record, State
+from onceonly._core.state import Record, State, replays
 from onceonly.errors import ConfigurationError
 
 __all__ = [
@@ -64,12 +64,12 @@ def cacheable(record: Record | None) -> bool:
 
 def usable(record: Record, fingerprint: str | None, now: float) -> bool:
     """Whether a cached ``record`` may answer a delivery with ``fingerprint`` at ``now``
-    (the durable store's clock): still completed, unexpired, the same fingerprint."""
-    if record.state is not State.COMPLETED:
-        return False
-    if record.expires_at is not None and record.expires_at <= now:
-        return False
-    return fingerprint is None or record.fingerprint is None or record.fingerprint == fingerprint
+    (the durable store's clock): the claim's decision would replay it (completed,
+    unexpired, no mismatch: :func:`~onceonly._core.state.replays`) and the fingerprint
+    is the same (one made under another scheme goes to the durable store)."""
+    return replays(record, now, fingerprint) and (
+        fingerprint is None or record.fingerprint is None or record.fingerprint == fingerprint
+    )
 
 
 def encode_record(record: Record) -> str:
@@ -274,6 +274,24 @@ class LocalTier:
                 return None
             self._entries.move_to_end(k)
             return entry.record
+
+    def replay(self, scope: str, key: str, fingerprint: str | None, now: float) -> Record | None:
+        """The record kept for ``(scope, key)`` if it may answer a claim with
+        ``fingerprint`` at ``now`` (:func:`usable`); one that may not is forgotten.
+
+        Builds nothing: the record returned is the one kept.
+        """
+        k = (scope, key)
+        with self._lock:
+            entry = self._entries.get(k)
+            if entry is None:
+                return None
+            record = entry.record
+            if entry.until <= time.monotonic() or not usable(record, fingerprint, now):
+                del self._entries[k]
+                return None
+            self._entries.move_to_end(k)
+            return record
 
     def put(self, record: Record, generation: int | None = None) -> bool:
         """Keep ``record`` (a completed one; others are ignored).
