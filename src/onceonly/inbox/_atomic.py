@@ -567,9 +567,9 @@ class Inbox:
         except _Rerun as again:  # the batch's transaction rolled back: run it again
             rerun = again
             log.info(
-                "%s/%s failed after writing; running its batch again, a savepoint each",
+                "%s: running a batch again one key at a time, a savepoint each (%r)",
                 self.consumer,
-                batch[again.index].key,
+                again.exc,
             )
         if rerun is not None:
             outcomes = [None] * len(batch)
@@ -658,7 +658,12 @@ class Inbox:
             else:
                 firsts[key] = i
         claims = [(key, claim_write(fps[i], new_token(), policy)) for key, i in firsts.items()]
-        snaps = outer.claim_many(scope, [(k, self._atomic(w)) for k, w in claims])
+        try:
+            snaps = outer.claim_many(scope, [(k, self._atomic(w)) for k, w in claims])
+        except InFlight as exc:
+            # a key stayed held by another transaction for ``wait``: the statement (and
+            # this transaction) failed as a whole; one key at a time settles it alone
+            raise _Rerun(-1, exc, None) from exc
         taken: list[tuple[int, Taken]] = []
         for (key, first), snap in zip(claims, snaps, strict=True):
             i = firsts[key]
@@ -885,7 +890,8 @@ _BACK_TO_HANDLER_SAVEPOINT = "ROLLBACK TO SAVEPOINT onceonly_handler"
 class _Rerun(Exception):
     """A message of a set-based batch failed after writing (or must not be counted): the
     batch's transaction rolls back and the batch runs again one key at a time, without
-    running this message again (``failure``: what to record of it; ``None``: nothing)."""
+    running this message again (``failure``: what to record of it; ``None``: nothing).
+    ``index`` -1: no message ran (the claim statement gave up waiting for a key)."""
 
     def __init__(self, index: int, exc: Exception, failure: HandlerFailed | None) -> None:
         super().__init__(repr(exc))
