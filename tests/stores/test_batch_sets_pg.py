@@ -17,6 +17,7 @@ import pytest
 import onceonly
 from onceonly._core.fingerprint import fingerprint
 from onceonly._core.state import Policy, State, claim_write
+from onceonly.inbox import _atomic as atomic
 from tests.conftest import PG_URL, StoreFactory, business_table
 
 
@@ -366,3 +367,51 @@ def test_a_connection_lost_mid_batch_commits_nothing(
     out = run()
     assert all(o.ok and not o.replayed and o.attempt == 1 for o in out)
     assert count() == 4
+
+
+def test_a_batch_locks_the_existing_keys_in_key_order_too(
+    pg_store_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after a set-based batch's claim statement over [k1 (failed before), k2 (new)],
+    a per-key batch of [k1, k2] starts: it must wait at k1, which the statement locked
+    with the new k2 (in key order), not take k1 and then wait for k2 while the set-based
+    batch waits for k1 (a deadlock)."""
+    store = pg_store_factory()
+    store.migrate()
+    sets = onceonly.Inbox(store, "billing", wait=20)
+    keys = per_key(store, wait=20)
+    with pytest.raises(RuntimeError):
+        keys.process("k1", {"id": "k1"}, _boom)
+    batch = [(k, {"id": k}) for k in ("k1", "k2")]
+    other: list[Any] = []
+
+    def run_keys() -> None:
+        try:
+            other.append(keys.process_batch(batch, lambda p, tx: "keys"))
+        except BaseException as exc:
+            other.append(exc)
+
+    worker = threading.Thread(target=run_keys)
+    real = atomic.settle_claim
+
+    def between(*args: Any, **kwargs: Any) -> Any:
+        if not worker.is_alive() and not other:
+            worker.start()  # the per-key batch starts between the claim and its settling
+            with psycopg.connect(PG_URL, autocommit=True) as watch:
+                for _ in range(150):  # until it waits for a row lock
+                    cur = watch.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND query LIKE %s",
+                        (f"%{store.table}%",),
+                    )
+                    if cur.fetchone() != (0,):
+                        break
+                    time.sleep(0.02)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(atomic, "settle_claim", between)
+    out = sets.process_batch(batch, lambda p, tx: "sets")
+    worker.join(30)
+    assert [(o.result, o.replayed) for o in out] == [("sets", False), ("sets", False)]
+    assert len(other) == 1 and isinstance(other[0], list), other
+    assert [(o.result, o.replayed) for o in other[0]] == [("sets", True), ("sets", True)]
