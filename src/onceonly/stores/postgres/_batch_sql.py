@@ -67,8 +67,10 @@ def _claim_many(bounded: bool) -> str:
         "SELECT i.key, coalesce(ins.now, date_part('epoch', clock_timestamp())) AS now, "
         f"CASE WHEN ins.key IS NULL AND r.key IS NOT NULL THEN {_RECORD_ARRAY} END AS record, "
         "ins.key IS NOT NULL AS inserted "
-        "FROM i LEFT JOIN ins ON ins.key = i.key "
-        "LEFT JOIN {t} AS r ON ins.key IS NULL AND r.scope = %s AND r.key = i.key"
+        "FROM i LEFT JOIN ins ON ins.key = i.key LEFT JOIN "
+        # the batch's rows found by key (an index scan), not the whole scope hashed
+        "(SELECT * FROM {t} WHERE scope = %s AND key = ANY(ARRAY(SELECT key FROM i))) AS r "
+        "ON ins.key IS NULL AND r.key = i.key"
     )
     if bounded:
         return (
@@ -91,7 +93,8 @@ def _update_many(source: str) -> str:
         "%s::float8[], %s::int8[], %s::text[], %s::bool[]) AS u(key, state, fingerprint, token, "
         "attempts, lease, result, error, payload, keep, checkpoint, completed, ttl, "
         "x_token, x_state, lapsed) "
-        "WHERE r.scope = %s AND r.key = u.key AND r.token = u.x_token AND r.state = u.x_state "
+        "WHERE r.scope = %s AND r.key = ANY(%s::text[]) AND r.key = u.key "
+        "AND r.token = u.x_token AND r.state = u.x_state "
         "AND (NOT u.lapsed OR CASE WHEN r.state = 'completed' "
         "THEN r.expires_at <= n.ts ELSE coalesce(r.lease_until <= n.ts, true) END) "
         "RETURNING r.key, date_part('epoch', n.ts) AS now, "
@@ -149,8 +152,9 @@ def update_arrays(scope: str, writes: Sequence[tuple[str, Expect, Write]]) -> tu
     """The parameters of ``update_many`` (without the lock timeout)."""
     ws = [w for _, _, w in writes]
     cols = _columns(ws)
+    keys = [k for k, _, _ in writes]
     return (
-        [k for k, _, _ in writes],
+        keys,
         *cols[:8],
         [w.keep_checkpoint for w in ws],
         *cols[8:],
@@ -158,4 +162,5 @@ def update_arrays(scope: str, writes: Sequence[tuple[str, Expect, Write]]) -> tu
         [x.state.value for _, x, _ in writes],
         [x.lapsed for _, x, _ in writes],
         scope,
+        keys,
     )
