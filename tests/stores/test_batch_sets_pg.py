@@ -22,8 +22,10 @@ from tests.conftest import PG_URL, StoreFactory, business_table
 
 
 def per_key(store: Any, consumer: str = "billing", **options: Any) -> onceonly.Inbox:
-    """An inbox that takes the per-key path (listeners turn the set-based claim off)."""
-    return onceonly.Inbox(store, consumer, listeners=[lambda event: None], **options)
+    """An inbox whose batches take the per-key path (a savepoint per message)."""
+    inbox = onceonly.Inbox(store, consumer, **options)
+    inbox._set_based = False
+    return inbox
 
 
 def ledger_handler(store: Any, calls: list[str] | None = None) -> Any:
@@ -415,3 +417,33 @@ def test_a_batch_locks_the_existing_keys_in_key_order_too(
     assert [(o.result, o.replayed) for o in out] == [("sets", False), ("sets", False)]
     assert len(other) == 1 and isinstance(other[0], list), other
     assert [(o.result, o.replayed) for o in other[0]] == [("sets", True), ("sets", True)]
+
+
+def test_events_are_those_of_the_per_key_path(pg_store_factory: StoreFactory) -> None:
+    """Listeners see the same events from a set-based batch as from one key at a time:
+    completed, replayed, failed (before and after writing), mismatched, dead."""
+    store = pg_store_factory()
+    store.migrate()
+    business_table(store)
+    batch = [
+        ("a", {"id": "a"}),
+        ("b", {"id": "b", "early": True}),
+        ("a", {"id": "a"}),
+        ("done", {"id": "done"}),
+        ("mismatch", {"id": "mismatch", "v": 2}),
+        ("dead", {"id": "dead"}),
+    ]
+    rerun = [("c", {"id": "c", "boom": True}), ("e", {"id": "e"})]  # c fails after writing
+    seen: dict[str, list[tuple[Any, ...]]] = {}
+    for consumer, make in (("sets", onceonly.Inbox), ("keys", per_key)):
+        stage(store, consumer)
+        events: list[onceonly.Event] = []
+        inbox = make(store, consumer, max_attempts=2, listeners=[events.append])
+        inbox.process_batch(batch, ledger_handler(store))
+        inbox.process_batch(rerun, ledger_handler(store))
+        seen[consumer] = sorted(
+            (e.kind.value, e.key, e.attempt, e.error, e.handler_seconds is not None) for e in events
+        )
+    assert seen["sets"] == seen["keys"]
+    assert ("completed", "a", 1, None, True) in seen["sets"]
+    assert ("replayed", "a", None, None, False) in seen["sets"]

@@ -48,7 +48,7 @@ from onceonly.errors import (
     TransactionEnded,
     TransactionError,
 )
-from onceonly.events import EventHook, Listener
+from onceonly.events import EventHook, Listener, Observation
 from onceonly.inbox._claim_async import Taken, claim_key, settle_claim
 from onceonly.inbox._events_async import observed
 from onceonly.inbox._leased_async import AsyncLeasedRunner, current_async_claim
@@ -198,6 +198,10 @@ class AsyncInbox:
             if leased
             else None
         )
+
+    #: Batches claim set-based where the store's session can (tests turn it off to
+    #: compare with the per-key path).
+    _set_based = True
 
     @staticmethod
     def _atomic(write: Write) -> Write:
@@ -556,9 +560,9 @@ class AsyncInbox:
         try:
             async with self.store.transaction(connection, lock_wait=self.wait) as outer:
                 if (
-                    isinstance(outer, AsyncSetClaims)
+                    self._set_based
+                    and isinstance(outer, AsyncSetClaims)
                     and not self.precount_attempts
-                    and not self.events
                     and len(batch) > 1
                 ):
                     await self._at_once(outer, batch, order, outcomes, one, batch_handler)
@@ -602,6 +606,11 @@ class AsyncInbox:
                 if failed.failure is not None:
                     await self._record_failure(failed.failure, item.payload, joined)
                 outcomes[i] = Outcome(None, False, str(item.key), 0, error=failed.exc)  # type: ignore[arg-type]
+                if self.events:  # what process() would have told of its run
+                    seen = self._observation(item)
+                    seen.handler_started(failed.attempt)
+                    seen.handler_ended()
+                    seen.raised(failed.exc)
                 continue
             await self._alone_in_batch(outer, item, i, outcomes, handler, joined)
 
@@ -646,8 +655,11 @@ class AsyncInbox:
         firsts: dict[str, int] = {}  # key -> the item of its first copy
         later: list[int] = []  # further copies of a key: run alone once the first is done
         fps: dict[int, str | None] = {}
+        seen: dict[int, Observation] = {}  # the events of each (with listeners)
         for i in order:
             item = batch[i]
+            if self.events:
+                seen[i] = self._observation(item)
             try:
                 key = validate_key(item.key)
                 fps[i] = fingerprint(item.payload, custom=self._fingerprint, fields=self._fields)
@@ -703,12 +715,22 @@ class AsyncInbox:
             else:
                 taken.append((i, got))
         if batch_handler is not None:
-            await self._run_together(session, batch, taken, outcomes, batch_handler)
+            await self._run_together(session, batch, taken, outcomes, batch_handler, seen)
         else:
             for i, got in taken:
-                await self._run_alone(session, batch[i], i, got, outcomes, handler)
+                await self._run_alone(session, batch[i], i, got, outcomes, handler, seen.get(i))
         for i in later:
+            seen.pop(i, None)  # process() tells of these itself
             await self._alone_in_batch(session, batch[i], i, outcomes, handler, session.connection)
+        for i, observation in seen.items():
+            outcome = outcomes[i]
+            assert outcome is not None
+            if outcome.error is not None:
+                observation.raised(outcome.error)
+            else:
+                observation.returned(
+                    outcome.replayed, outcome.attempt, outcome.lateness, outcome.ttl
+                )
 
     async def _run_alone(
         self,
@@ -718,6 +740,7 @@ class AsyncInbox:
         taken: Taken,
         outcomes: list[Outcome[T] | None],
         handler: Callable[[Any, AsyncTx], Awaitable[T]],
+        seen: Observation | None = None,
     ) -> None:
         """Run one claimed message of a set-based batch, without a savepoint, and store
         its completion (before the next message runs: a handler that ends the
@@ -727,8 +750,14 @@ class AsyncInbox:
         tx = _WatchedTx(session, scope, key, taken.attempt, item.delivery, self.outbox)
         holder = Expect(claimed.token, State.IN_PROGRESS)
         try:
-            with inside_atomic_handler(self.store):
-                result = await handler(item.payload, tx)
+            if seen is not None:
+                seen.handler_started(taken.attempt)
+            try:
+                with inside_atomic_handler(self.store):
+                    result = await handler(item.payload, tx)
+            finally:
+                if seen is not None:
+                    seen.handler_ended()
             check_health(session.health(), scope, key)
             encoded = codec.encode(result, max_bytes=self.max_result_bytes)
             done = await session.update(
@@ -753,7 +782,7 @@ class AsyncInbox:
             if tx.touched or uncounted or session.health() is not TxHealth.OK:
                 # its writes (or its claim, not to be counted) must go: the batch rolls
                 # back and runs again, a savepoint each, this message's failure recorded
-                raise _Rerun(i, exc, None if uncounted else failed) from exc
+                raise _Rerun(i, exc, None if uncounted else failed, taken.attempt) from exc
             # it wrote nothing: its failure is stored over its claim, in place
             write = self._failure(failed.claimed, exc, item.payload)
             stored = await session.update(scope, key, holder, write)
@@ -769,6 +798,7 @@ class AsyncInbox:
         taken: list[tuple[int, Taken]],
         outcomes: list[Outcome[T] | None],
         batch_handler: Callable[[list[BatchMessage], AsyncTx], Awaitable[Sequence[T] | None]],
+        seen: dict[int, Observation],
     ) -> None:
         """Run the batch handler once with every claimed message; complete them in one
         statement, or record its failure on each of them."""
@@ -785,9 +815,16 @@ class AsyncInbox:
         # the handler's writes in a savepoint (one per batch): a failure undoes them and
         # keeps the claims, on which the failures are then recorded
         await session.execute(_HANDLER_SAVEPOINT)
+        watched = [(seen[i], t.attempt) for i, t in taken if i in seen]
         try:
-            with inside_atomic_handler(self.store):
-                results = await batch_handler(messages, tx)
+            for observation, attempt in watched:
+                observation.handler_started(attempt)
+            try:
+                with inside_atomic_handler(self.store):
+                    results = await batch_handler(messages, tx)
+            finally:
+                for observation, _ in watched:
+                    observation.handler_ended()
             check_health(session.health(), scope, head.record.key)
             values: list[Any] = [None] * len(messages) if results is None else list(results)
             if len(values) != len(messages):
@@ -840,6 +877,12 @@ class AsyncInbox:
             return
         for (i, t), v in zip(taken, values, strict=True):
             outcomes[i] = Outcome(v, False, t.record.key, t.attempt)
+
+    def _observation(self, item: BatchItem) -> Observation:
+        """The events of one message of a set-based batch (as :func:`observed` emits them
+        for :meth:`process`)."""
+        headers = item.delivery.headers if item.delivery is not None else None
+        return Observation(self.events, self.consumer, str(item.key), headers)
 
     def _failure(self, claimed: Record, exc: Exception, payload: Any) -> Write:
         """The failure write of a run of ``claimed`` (as :meth:`_record_failure` stores it)."""
@@ -896,11 +939,14 @@ class _Rerun(Exception):
     running this message again (``failure``: what to record of it; ``None``: nothing).
     ``index`` -1: no message ran (the claim statement gave up waiting for a key)."""
 
-    def __init__(self, index: int, exc: Exception, failure: HandlerFailed | None) -> None:
+    def __init__(
+        self, index: int, exc: Exception, failure: HandlerFailed | None, attempt: int = 0
+    ) -> None:
         super().__init__(repr(exc))
         self.index = index
         self.exc = exc
         self.failure = failure
+        self.attempt = attempt
 
 
 class _WatchedTx(AsyncTx):
