@@ -510,7 +510,9 @@ class AsyncInbox:
         nothing counted) and propagates. ``tx.key`` and ``tx.attempt`` are the first
         message's. A key that comes twice in the batch is run alone for its second copy
         (the batch handler is then called with one message), as a replay in the usual
-        case.
+        case. Where the batch claims one key at a time (other stores, a batch of one,
+        ``precount_attempts``), the batch handler is called once per new message, and a
+        failure fails that message alone.
 
         Args:
             items: :class:`BatchItem` or ``(key, payload[, delivery])`` tuples.
