@@ -447,3 +447,37 @@ def test_events_are_those_of_the_per_key_path(pg_store_factory: StoreFactory) ->
     assert seen["sets"] == seen["keys"]
     assert ("completed", "a", 1, None, True) in seen["sets"]
     assert ("replayed", "a", None, None, False) in seen["sets"]
+
+
+def test_a_handler_that_commits_leaves_the_earlier_messages_completed(
+    pg_store_factory: StoreFactory,
+) -> None:
+    """b's handler sends COMMIT: a (completed before b ran) stays completed and replays;
+    b's run is a counted failure, never a success; c never ran: its claim, which the
+    COMMIT committed too, is given back uncounted (spec §1.6a)."""
+    store = pg_store_factory()
+    store.migrate()
+    count = business_table(store)
+    inbox = onceonly.Inbox(store, "billing")
+    table = f"{store.table}_ledger"
+
+    def handler(payload: Any, tx: onceonly.Tx) -> str:
+        tx.execute(f"INSERT INTO {table} (id, amount) VALUES (?, 1)", (payload,))
+        if payload == "b":
+            tx.execute("COMMIT")
+        return payload
+
+    batch = [(k, k) for k in "abc"]
+    with pytest.raises(onceonly.TransactionEnded):
+        inbox.process_batch(batch, handler)
+    a, b = record(store, "billing", "a"), record(store, "billing", "b")
+    assert (a.state, b.state, b.attempts) == (State.COMPLETED, State.FAILED, 1)
+    c = record(store, "billing", "c")
+    assert c is None or (c.state, c.attempts) == (State.FAILED, 0)
+    assert count() == 2  # a's and b's inserts, committed by b's COMMIT
+
+    def plain(payload: Any, tx: onceonly.Tx) -> str:
+        return payload
+
+    out = inbox.process_batch(batch, plain)
+    assert [(o.replayed, o.attempt) for o in out] == [(True, 1), (False, 2), (False, 1)]

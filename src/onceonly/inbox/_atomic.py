@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from onceonly._core import codec
-from onceonly._core.attempts import precount_write, recount_write, uncount_write
+from onceonly._core.attempts import precount_write, recount_write, uncount_write, unrun_write
 from onceonly._core.durations import seconds
 from onceonly._core.fingerprint import Fingerprinter, fingerprint
 from onceonly._core.keys import validate_key
@@ -718,8 +718,15 @@ class Inbox:
         if batch_handler is not None:
             self._run_together(session, batch, taken, outcomes, batch_handler, seen)
         else:
-            for i, got in taken:
-                self._run_alone(session, batch[i], i, got, outcomes, handler, seen.get(i))
+            for n, (i, got) in enumerate(taken):
+                try:
+                    self._run_alone(session, batch[i], i, got, outcomes, handler, seen.get(i))
+                except Exception:
+                    if session.health() is TxHealth.ENDED:
+                        # the handler's COMMIT also committed the claims of the messages
+                        # after it: they never ran, so give them back uncounted
+                        self._give_back([t for _, t in taken[n + 1 :]])
+                    raise
         for i in later:
             seen.pop(i, None)  # process() tells of these itself
             self._alone_in_batch(session, batch[i], i, outcomes, handler, session.connection)
@@ -876,6 +883,18 @@ class Inbox:
             return
         for (i, t), v in zip(taken, values, strict=True):
             outcomes[i] = Outcome(v, False, t.record.key, t.attempt)
+
+    def _give_back(self, unrun: list[Taken]) -> None:
+        """Give back the claims in ``unrun`` (never run), where they were committed."""
+        if not unrun:
+            return
+        try:
+            with self.store.session() as session:
+                for t in unrun:
+                    holder = Expect(t.record.token, State.IN_PROGRESS)
+                    session.update(self.consumer, t.record.key, holder, unrun_write(_carried(t)))
+        except OnceOnlyError:
+            log.exception("%s: claims of a batch could not be given back", self.consumer)
 
     def _observation(self, item: BatchItem) -> Observation:
         """The events of one message of a set-based batch (as :func:`observed` emits them
