@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -371,14 +373,22 @@ def test_a_connection_lost_mid_batch_commits_nothing(
     assert count() == 4
 
 
+@pytest.fixture(params=["plain", "partitioned"])
+def layout_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """PostgreSQL stores of both table layouts (the partitioned one claims key by key)."""
+    factory = StoreFactory("postgres" if request.param == "plain" else "pgpart", tmp_path)
+    yield factory
+    factory.close()
+
+
 def test_a_batch_locks_the_existing_keys_in_key_order_too(
-    pg_store_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
+    layout_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Right after a set-based batch's claim statement over [k1 (failed before), k2 (new)],
     a per-key batch of [k1, k2] starts: it must wait at k1, which the statement locked
     with the new k2 (in key order), not take k1 and then wait for k2 while the set-based
     batch waits for k1 (a deadlock)."""
-    store = pg_store_factory()
+    store = layout_factory()
     store.migrate()
     sets = onceonly.Inbox(store, "billing", wait=20)
     keys = per_key(store, wait=20)
