@@ -16,8 +16,9 @@
   against the version it was decided from exactly as the single ``update`` checks it.
 
 Values are bound as arrays (one per column), the table name is the only interpolation.
-The time-partitioned layout (no ``ON CONFLICT`` arbiter) claims key by key in key order,
-locking each existing row (``lock_row``) before the next key.
+Only the plain layout: the time-partitioned one has no ``ON CONFLICT`` arbiter and
+claims key by key in the order given, its claim taking a transaction-scoped advisory lock
+on every key, existing or new (``_partitioned``), so the order holds there too.
 """
 
 from __future__ import annotations
@@ -103,23 +104,12 @@ def _update_many(source: str) -> str:
     )
 
 
-def _lock_row(bounded: bool) -> str:
-    guard = " AND EXISTS (SELECT 1 FROM cfg)" if bounded else ""  # the bound first
-    return (
-        "SELECT 1 AS locked FROM {t} AS r WHERE r.scope = %s AND r.key = %s"
-        f"{guard} FOR UPDATE OF r"
-    )
-
-
 @dataclass(frozen=True)
 class BatchStatements:
     """The set-based statements for one table, rendered once."""
 
     claim_many: _Statement
     update_many: _Statement
-    #: The time-partitioned layout claims key by key: an existing row is locked with
-    #: this before the next key is claimed, so the order is the same.
-    lock_row: _Statement
 
     @classmethod
     @functools.lru_cache(maxsize=64)
@@ -133,9 +123,6 @@ class BatchStatements:
             update_many=_Statement(
                 plain=render(_update_many(now)),
                 bounded=render(_bounded(_update_many(f"{now}, cfg"))),
-            ),
-            lock_row=_Statement(
-                plain=render(_lock_row(False)), bounded=render(_bounded(_lock_row(True)))
             ),
         )
 

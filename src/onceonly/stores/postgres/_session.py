@@ -499,19 +499,8 @@ class PostgresSession:
             InFlight: a key was held longer than ``lock_wait`` by another transaction
                 (the statement, and with it this transaction, failed as a whole).
         """
-        if len(claims) < 2:
+        if self._q.partitioned or len(claims) < 2:  # one at a time, in the order given
             return [self.claim(scope, key, write) for key, write in claims]
-        if self._q.partitioned:  # key by key, each existing row locked before the next
-            lock = BatchStatements.for_table(self._table).lock_row
-            snaps: dict[int, Snapshot] = {}
-            for n in sorted(range(len(claims)), key=lambda n: claims[n][0]):
-                key, write = claims[n]
-                snaps[n] = self.claim(scope, key, write)
-                if not snaps[n].inserted:
-                    cur = self._run(lock, (scope, key), scope, key)
-                    cur.fetchall()
-                    self._held.add((scope, key))
-            return [snaps[n] for n in range(len(claims))]
         statement = BatchStatements.for_table(self._table).claim_many
         params = claim_arrays(scope, claims)
         first = claims[0][0]
