@@ -25,7 +25,7 @@ import enum
 from collections.abc import Hashable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from onceonly._core.admin import PurgeRule, Query, ScopeStats
 from onceonly._core.state import Expect, Record, Write, one_step_init
@@ -36,11 +36,13 @@ __all__ = [
     "AsyncAdminStore",
     "AsyncListener",
     "AsyncSession",
+    "AsyncSetClaims",
     "AsyncStore",
     "Listener",
     "OutboxStatements",
     "ReplayCache",
     "Session",
+    "SetClaims",
     "Snapshot",
     "Statement",
     "Store",
@@ -373,6 +375,38 @@ class AsyncSession(Protocol):
     async def save_checkpoint(
         self, scope: str, key: str, token: int, checkpoint: str, lease_seconds: float | None = None
     ) -> bool: ...
+
+
+@runtime_checkable
+class SetClaims(Protocol):
+    """A session that claims and updates the keys of a batch set-based, in one statement
+    each (PostgreSQL). Other sessions claim one key at a time (the inbox does it for
+    them, with the same decisions: docs/spec.md §1.6a).
+
+    .. versionadded:: 0.6
+    """
+
+    def claim_many(self, scope: str, claims: Sequence[tuple[str, Write]]) -> list[Snapshot]:
+        """``claim`` of every ``(key, write)`` (distinct keys), rows written or locked in
+        key order; one snapshot per claim, in the order given."""
+
+    def update_many(
+        self, scope: str, writes: Sequence[tuple[str, Expect, Write]]
+    ) -> list[Record | None]:
+        """``update`` of every ``(key, expect, write)`` (distinct keys), in order."""
+
+
+@runtime_checkable
+class AsyncSetClaims(Protocol):
+    """:class:`SetClaims` of an async session."""
+
+    async def claim_many(
+        self, scope: str, claims: Sequence[tuple[str, Write]]
+    ) -> list[Snapshot]: ...
+
+    async def update_many(
+        self, scope: str, writes: Sequence[tuple[str, Expect, Write]]
+    ) -> list[Record | None]: ...
 
 
 class AsyncStore(Protocol):

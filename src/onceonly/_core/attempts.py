@@ -111,6 +111,22 @@ def uncount_write(record: Record) -> Write:
     )
 
 
+def unrun_write(claimed: Record) -> Write:
+    """Give back the claim ``claimed`` whose run never started (a batch's later message,
+    whose claim a handler's own ``COMMIT`` committed): ``failed`` with its attempts as
+    claimed, so the next delivery runs it without counting this one; the fingerprint,
+    payload snapshot and checkpoint stay."""
+    return Write(
+        state=State.FAILED,
+        token=claimed.token,
+        fingerprint=claimed.fingerprint,
+        attempts=claimed.attempts,
+        error=claimed.error or "not run: an earlier handler of its batch ended the transaction",
+        payload=claimed.payload,
+        checkpoint=claimed.checkpoint,
+    )
+
+
 def recount_write(
     record: Record | None, now: float, error: str, token: int, policy: Policy
 ) -> tuple[Expect, Write] | None:

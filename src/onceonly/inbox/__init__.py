@@ -15,7 +15,7 @@ from onceonly.inbox._leased import Claim, LeasedRunner, current_claim
 from onceonly.inbox._leased_async import AsyncClaim, AsyncLeasedRunner, current_async_claim
 from onceonly.inbox._leased_inbox import LeasedTx
 from onceonly.inbox._leased_inbox_async import AsyncLeasedTx
-from onceonly.inbox._outcome import BatchItem, Outcome, Replay
+from onceonly.inbox._outcome import BatchItem, BatchMessage, Outcome, Replay
 
 __all__ = [
     "AsyncClaim",
@@ -24,6 +24,7 @@ __all__ = [
     "AsyncLeasedTx",
     "AsyncTx",
     "BatchItem",
+    "BatchMessage",
     "Claim",
     "Inbox",
     "LeasedRunner",

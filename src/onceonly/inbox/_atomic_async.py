@@ -18,40 +18,46 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from onceonly._core import codec
-from onceonly._core.attempts import precount_write, recount_write, uncount_write
+from onceonly._core.attempts import precount_write, recount_write, uncount_write, unrun_write
 from onceonly._core.durations import seconds
 from onceonly._core.fingerprint import Fingerprinter, fingerprint
 from onceonly._core.keys import validate_key
 from onceonly._core.state import (
     Action,
+    Decision,
     Expect,
     Policy,
     Record,
     State,
     Write,
+    claim_write,
     complete_write,
     decide,
 )
 from onceonly._runtime import new_token
 from onceonly.errors import (
     ConfigurationError,
+    DeadLettered,
+    InFlight,
     OnceOnlyError,
+    PayloadMismatch,
     StoreError,
     StoreUnavailable,
     TransactionEnded,
     TransactionError,
 )
-from onceonly.events import EventHook, Listener
-from onceonly.inbox._claim_async import Taken, claim_key
+from onceonly.events import EventHook, Listener, Observation
+from onceonly.inbox._claim_async import Taken, claim_key, settle_claim
 from onceonly.inbox._events_async import observed
 from onceonly.inbox._leased_async import AsyncLeasedRunner, current_async_claim
 from onceonly.inbox._leased_inbox_async import DEFAULT_LEASE, LEASED, AsyncLeasedTx, mode_of
 from onceonly.inbox._outcome import (
     BatchItem,
+    BatchMessage,
     Outcome,
     Replay,
     batch_items,
@@ -70,7 +76,7 @@ from onceonly.inbox._sqlalchemy import join_async
 from onceonly.inbox._tx_async import AsyncTx
 from onceonly.messaging import Delivery
 from onceonly.outbox import AsyncOutbox
-from onceonly.types import AsyncSession, AsyncStore, TxHealth
+from onceonly.types import AsyncSession, AsyncSetClaims, AsyncStore, Params, TxHealth
 
 __all__ = ["AsyncInbox", "AsyncTx"]
 
@@ -201,6 +207,10 @@ class AsyncInbox:
             if leased
             else None
         )
+
+    #: Batches claim set-based where the store's session can (tests turn it off to
+    #: compare with the per-key path).
+    _set_based = True
 
     @staticmethod
     def _atomic(write: Write) -> Write:
@@ -468,16 +478,7 @@ class AsyncInbox:
         if not isinstance(exc, Exception):
             return  # KeyboardInterrupt, cancellation: not the message's fault
         scope, key = claimed.scope, claimed.key
-        write = failure_write(
-            claimed,
-            exc,
-            payload=payload,
-            keep_payload=self.keep_payload,
-            cache_errors=self.cache_errors,
-            ttl=self.ttl,
-            max_attempts=self.policy.max_attempts,
-            max_bytes=self.max_result_bytes,
-        )
+        write = self._failure(claimed, exc, payload)
         stored: Record | None = None
         if failed.ended:
             # A caller's transaction the handler ended is not the one its claim was in
@@ -509,38 +510,58 @@ class AsyncInbox:
         except OnceOnlyError:
             log.exception("could not record the failure of %s/%s", scope, key)
             return
-        if stored is None:
-            log.info("%s/%s moved on while failing; the failure is not recorded", scope, key)
-        else:
-            log.warning(
-                "%s/%s attempt %d failed (%s); state %s",
-                scope,
-                key,
-                failed.attempt,
-                write.error,
-                stored.state.value,
-            )
+        _log_failure(scope, key, failed.attempt, write, stored)
 
     async def process_batch(
         self,
         items: Iterable[BatchItem | Sequence[Any]],
-        handler: Callable[[Any, AsyncTx], Awaitable[T]],
+        handler: Callable[[Any, AsyncTx], Awaitable[T]] | None = None,
         *,
+        batch_handler: Callable[[list[BatchMessage], AsyncTx], Awaitable[Sequence[T] | None]]
+        | None = None,
         connection: Any = None,
     ) -> list[Outcome[T]]:
         """Process several deliveries in one transaction: one commit for all of them.
 
-        Each message runs as :meth:`process` would, in a savepoint of the batch's
-        transaction: a failing message rolls back alone, its failure is recorded, and its
-        outcome carries the error (``outcome.error``) instead of raising; the others
-        commit together at the end. Duplicates inside the batch replay the first copy.
-        Messages are claimed in key order (two batches sharing keys lock them in the
-        same order, so they do not deadlock); outcomes come back in the order given
-        (spec §1.6a).
+        Each message runs as :meth:`process` would: a failing message rolls back alone,
+        its failure is recorded (counted once), and its outcome carries the error
+        (``outcome.error``) instead of raising; the others commit together at the end.
+        Duplicates inside the batch replay the first copy. Messages are claimed in key
+        order (two batches sharing keys lock them in the same order, so they do not
+        deadlock); outcomes come back in the order given (spec §1.6a).
+
+        On PostgreSQL the batch is set-based: every key is claimed in one statement, each
+        claim decided by the same rules as a single one, and a handler runs without a
+        savepoint of its own. A handler that fails without having written anything
+        (through ``tx``) has its failure recorded in place; one that fails after writing
+        (or breaks the transaction, or raises one of ``uncounted_errors``) rolls the batch
+        back, and the batch runs again, a savepoint per message, without it: the handlers
+        that ran before it run once more (their first run was rolled back, never
+        counted). A key held by another worker under a live lease is reported
+        :class:`~onceonly.InFlight` at once (the broker consumers then wait for it one
+        delivery at a time); other stores, an inbox with ``listeners`` or
+        ``precount_attempts``, claim one key at a time in a savepoint of each message.
+
+        With ``batch_handler``, the new messages of the batch (not the replays, nor the
+        messages that are dead, mismatched or in flight) are handed to it together, as
+        :class:`BatchMessage` in key order, with one ``tx``, so its writes can be
+        set-based too. It returns one result per message given (or ``None``: ``None``
+        for each). If it raises, its writes roll back and every message it was given
+        fails with that error: one failed attempt each, recorded in the batch's
+        transaction (the others of the batch still commit); a redelivery retries them
+        together. One of ``uncounted_errors`` fails the whole batch (nothing committed,
+        nothing counted) and propagates. ``tx.key`` and ``tx.attempt`` are the first
+        message's. A key that comes twice in the batch is run alone for its second copy
+        (the batch handler is then called with one message), as a replay in the usual
+        case. Where the batch claims one key at a time (other stores, a batch of one,
+        ``precount_attempts``), the batch handler is called once per new message, and a
+        failure fails that message alone.
 
         Args:
             items: :class:`BatchItem` or ``(key, payload[, delivery])`` tuples.
-            handler: as for :meth:`process`.
+            handler: as for :meth:`process`, called once per new message.
+            batch_handler: ``batch_handler(messages, tx)``, called once with all the new
+                messages (instead of ``handler``; pass exactly one of them).
             connection: a caller's connection already inside a transaction; the batch
                 joins it and never commits it.
 
@@ -560,38 +581,387 @@ class AsyncInbox:
                 constraint): nothing committed and nothing counted, as the batch cannot
                 tell whose writes it refused; run its messages one at a time with
                 :meth:`process` to settle that one alone (the broker consumers do).
-            ConfigurationError: an item is not a ``BatchItem`` or a 2- or 3-tuple, or this
-                inbox is leased (a batch is one transaction: call :meth:`process` for each).
+            ConfigurationError: an item is not a ``BatchItem`` or a 2- or 3-tuple, this
+                inbox is leased (a batch is one transaction: call :meth:`process` for
+                each), or not exactly one of ``handler`` and ``batch_handler`` is given.
 
         .. versionadded:: 0.3
+        .. versionchanged:: 0.6 set-based on PostgreSQL; ``batch_handler``.
         """
         if self._leased is not None:
             raise ConfigurationError("process_batch needs atomic mode; call process() for each")
+        if (handler is None) == (batch_handler is None):
+            raise ConfigurationError("pass either handler or batch_handler to process_batch")
         batch = batch_items(items)
+        one: Callable[[Any, AsyncTx], Awaitable[T]]
+        if batch_handler is not None:
+            one = _alone(batch_handler)
+        else:
+            assert handler is not None
+            one = handler
         outcomes: list[Outcome[T] | None] = [None] * len(batch)
         order = sorted(range(len(batch)), key=lambda i: str(batch[i].key))
-        async with self.store.transaction(connection, lock_wait=self.wait) as outer:
-            begin = getattr(outer, "begin", None)  # PostgreSQL sends BEGIN/SAVEPOINT lazily
-            if begin is not None and (connection is not None or outer.connection is None):
-                # the batch's own savepoint first (its rollback undoes them all); a tiered
-                # store opens its durable transaction only now, so its messages can join it
-                await begin()
-            joined = outer.connection
-            for i in order:
-                item = batch[i]
-                try:
-                    outcomes[i] = await self.process(
-                        item.key, item.payload, handler, connection=joined, delivery=item.delivery
-                    )
-                except (StoreUnavailable, TransactionEnded):
-                    raise  # the batch's transaction is lost or was ended: all or nothing
-                except Exception as exc:
-                    if outer.health() is not TxHealth.OK:
-                        raise  # the transaction cannot commit any more: the whole batch again
-                    # the message's own savepoint rolled back and its failure is recorded
-                    # in the batch's transaction: the others go on
-                    outcomes[i] = Outcome(None, False, str(item.key), 0, error=exc)  # type: ignore[arg-type]
+        rerun: _Rerun | None = None
+        try:
+            async with self.store.transaction(connection, lock_wait=self.wait) as outer:
+                if (
+                    self._set_based
+                    and isinstance(outer, AsyncSetClaims)
+                    and not self.precount_attempts
+                    and len(batch) > 1
+                ):
+                    await self._at_once(outer, batch, order, outcomes, one, batch_handler)
+                else:
+                    await self._one_by_one(outer, batch, order, outcomes, one, connection)
+        except _Rerun as again:  # the batch's transaction rolled back: run it again
+            rerun = again
+            log.info(
+                "%s: running a batch again one key at a time, a savepoint each (%r)",
+                self.consumer,
+                again.exc,
+            )
+        if rerun is not None:
+            outcomes = [None] * len(batch)
+            async with self.store.transaction(connection, lock_wait=self.wait) as outer:
+                await self._one_by_one(outer, batch, order, outcomes, one, connection, rerun)
         return [o for o in outcomes if o is not None]
+
+    async def _one_by_one(
+        self,
+        outer: AsyncSession,
+        batch: list[BatchItem],
+        order: list[int],
+        outcomes: list[Outcome[T] | None],
+        handler: Callable[[Any, AsyncTx], Awaitable[T]],
+        connection: Any,
+        failed: _Rerun | None = None,
+    ) -> None:
+        """The batch one key at a time, each message in a savepoint of ``outer``; the
+        message of ``failed`` (a run of the set-based pass) is not run again: its
+        failure is recorded (unless uncounted)."""
+        begin = getattr(outer, "begin", None)  # PostgreSQL sends BEGIN/SAVEPOINT lazily
+        if begin is not None and (connection is not None or outer.connection is None):
+            # the batch's own savepoint first (its rollback undoes them all); a tiered
+            # store opens its durable transaction only now, so its messages can join it
+            await begin()
+        joined = outer.connection
+        for i in order:
+            item = batch[i]
+            if failed is not None and i == failed.index:
+                if failed.failure is not None:
+                    await self._record_failure(failed.failure, item.payload, joined)
+                outcomes[i] = Outcome(None, False, str(item.key), 0, error=failed.exc)  # type: ignore[arg-type]
+                if self.events:  # what process() would have told of its run
+                    seen = self._observation(item)
+                    seen.handler_started(failed.attempt)
+                    seen.handler_ended()
+                    seen.raised(failed.exc)
+                continue
+            await self._alone_in_batch(outer, item, i, outcomes, handler, joined)
+
+    async def _alone_in_batch(
+        self,
+        outer: AsyncSession,
+        item: BatchItem,
+        i: int,
+        outcomes: list[Outcome[T] | None],
+        handler: Callable[[Any, AsyncTx], Awaitable[T]],
+        joined: Any,
+    ) -> None:
+        """One message of a batch through :meth:`process`, in a savepoint of ``outer``."""
+        try:
+            outcomes[i] = await self.process(
+                item.key, item.payload, handler, connection=joined, delivery=item.delivery
+            )
+        except (StoreUnavailable, TransactionEnded):
+            raise  # the batch's transaction is lost or was ended: all or nothing
+        except Exception as exc:
+            if outer.health() is not TxHealth.OK:
+                raise  # the transaction cannot commit any more: the whole batch again
+            # the message's own savepoint rolled back and its failure is recorded
+            # in the batch's transaction: the others go on
+            outcomes[i] = Outcome(None, False, str(item.key), 0, error=exc)  # type: ignore[arg-type]
+
+    async def _at_once(
+        self,
+        outer: AsyncSetClaims,
+        batch: list[BatchItem],
+        order: list[int],
+        outcomes: list[Outcome[T] | None],
+        handler: Callable[[Any, AsyncTx], Awaitable[T]],
+        batch_handler: Callable[[list[BatchMessage], AsyncTx], Awaitable[Sequence[T] | None]]
+        | None,
+    ) -> None:
+        """The set-based batch: every key claimed in one statement (``claim_many``), each
+        claim settled by the claim loop's rules (:func:`settle_claim`), the handlers run
+        without savepoints."""
+        session = cast("AsyncSession", outer)
+        scope, policy = self.consumer, self.policy
+        firsts: dict[str, int] = {}  # key -> the item of its first copy
+        later: list[int] = []  # further copies of a key: run alone once the first is done
+        fps: dict[int, str | None] = {}
+        seen: dict[int, Observation] = {}  # the events of each (with listeners)
+        for i in order:
+            item = batch[i]
+            if self.events:
+                seen[i] = self._observation(item)
+            try:
+                key = validate_key(item.key)
+                fps[i] = fingerprint(item.payload, custom=self._fingerprint, fields=self._fields)
+            except Exception as exc:
+                outcomes[i] = Outcome(None, False, str(item.key), 0, error=exc)  # type: ignore[arg-type]
+                continue
+            if key in firsts:
+                later.append(i)
+            else:
+                firsts[key] = i
+        claims = [(key, claim_write(fps[i], new_token(), policy)) for key, i in firsts.items()]
+        try:
+            snaps = await outer.claim_many(scope, [(k, self._atomic(w)) for k, w in claims])
+        except InFlight as exc:
+            # a key stayed held by another transaction for ``wait``: the statement (and
+            # this transaction) failed as a whole; one key at a time settles it alone
+            raise _Rerun(-1, exc, None) from exc
+        taken: list[tuple[int, Taken]] = []
+        for (key, first), snap in zip(claims, snaps, strict=True):
+            i = firsts[key]
+            fp, token = fps[i], first.token
+            try:
+                got = await settle_claim(
+                    session, snap, first, scope, key, fp, token, policy, self._atomic
+                )
+                if got is None:  # the row moved on since the statement read it: alone
+                    got = await claim_key(
+                        lambda: _Within(session),
+                        _taken,
+                        scope=scope,
+                        key=key,
+                        fingerprint=fp,
+                        token=token,
+                        policy=policy,
+                        wait=0.0,  # its row is locked by this batch: no waiting for it
+                        shape=self._atomic,
+                    )
+            except (PayloadMismatch, DeadLettered, InFlight) as exc:
+                outcomes[i] = Outcome(None, False, key, 0, error=exc)  # type: ignore[arg-type]
+                continue
+            if isinstance(got, Replay):
+                outcomes[i] = self._replay(got)
+            elif isinstance(got, DeadLettered):
+                outcomes[i] = Outcome(None, False, key, 0, error=got)  # type: ignore[arg-type]
+            elif isinstance(got, Decision):  # held under a live lease by another worker
+                held = InFlight(
+                    "another worker holds a live claim on this key",
+                    key=key,
+                    scope=scope,
+                    retry_after=got.retry_after,
+                )
+                outcomes[i] = Outcome(None, False, key, 0, error=held)  # type: ignore[arg-type]
+            else:
+                taken.append((i, got))
+        if batch_handler is not None:
+            await self._run_together(session, batch, taken, outcomes, batch_handler, seen)
+        else:
+            for n, (i, got) in enumerate(taken):
+                try:
+                    await self._run_alone(session, batch[i], i, got, outcomes, handler, seen.get(i))
+                except Exception:
+                    if session.health() is TxHealth.ENDED:
+                        # the handler's COMMIT also committed the claims of the messages
+                        # after it: they never ran, so give them back uncounted
+                        await self._give_back([t for _, t in taken[n + 1 :]])
+                    raise
+        for i in later:
+            seen.pop(i, None)  # process() tells of these itself
+            await self._alone_in_batch(session, batch[i], i, outcomes, handler, session.connection)
+        for i, observation in seen.items():
+            outcome = outcomes[i]
+            assert outcome is not None
+            if outcome.error is not None:
+                observation.raised(outcome.error)
+            else:
+                observation.returned(
+                    outcome.replayed, outcome.attempt, outcome.lateness, outcome.ttl
+                )
+
+    async def _run_alone(
+        self,
+        session: AsyncSession,
+        item: BatchItem,
+        i: int,
+        taken: Taken,
+        outcomes: list[Outcome[T] | None],
+        handler: Callable[[Any, AsyncTx], Awaitable[T]],
+        seen: Observation | None = None,
+    ) -> None:
+        """Run one claimed message of a set-based batch, without a savepoint, and store
+        its completion (before the next message runs: a handler that ends the
+        transaction leaves the earlier ones completed)."""
+        scope, claimed = self.consumer, taken.record
+        key = claimed.key
+        tx = _WatchedTx(session, scope, key, taken.attempt, item.delivery, self.outbox)
+        holder = Expect(claimed.token, State.IN_PROGRESS)
+        try:
+            if seen is not None:
+                seen.handler_started(taken.attempt)
+            try:
+                with inside_atomic_handler(self.store):
+                    result = await handler(item.payload, tx)
+            finally:
+                if seen is not None:
+                    seen.handler_ended()
+            check_health(session.health(), scope, key)
+            encoded = codec.encode(result, max_bytes=self.max_result_bytes)
+            done = await session.update(
+                scope, key, holder, complete_write(claimed, encoded, self.ttl)
+            )
+            if done is None:  # our claim is not in this transaction
+                raise ended(scope, key)
+        except BaseException as exc:
+            failed = HandlerFailed(
+                exc, _carried(taken), taken.seen, taken.attempt, session.health()
+            )
+            if not isinstance(exc, Exception):
+                raise  # a cancellation: the batch rolls back, nothing counted
+            if failed.transient:
+                raise StoreUnavailable(
+                    f"the store went away while the handler ran: {exc}", key=key, scope=scope
+                ) from exc
+            if failed.ended:
+                await self._record_failure(failed, item.payload, None)
+                raise
+            uncounted = isinstance(exc, self.uncounted_errors)
+            if tx.touched or uncounted or session.health() is not TxHealth.OK:
+                # its writes (or its claim, not to be counted) must go: the batch rolls
+                # back and runs again, a savepoint each, this message's failure recorded
+                raise _Rerun(i, exc, None if uncounted else failed, taken.attempt) from exc
+            # it wrote nothing: its failure is stored over its claim, in place
+            write = self._failure(failed.claimed, exc, item.payload)
+            stored = await session.update(scope, key, holder, write)
+            _log_failure(scope, key, taken.attempt, write, stored)
+            outcomes[i] = Outcome(None, False, key, 0, error=exc)  # type: ignore[arg-type]
+            return
+        outcomes[i] = Outcome(result, False, key, taken.attempt)
+
+    async def _run_together(
+        self,
+        session: AsyncSession,
+        batch: list[BatchItem],
+        taken: list[tuple[int, Taken]],
+        outcomes: list[Outcome[T] | None],
+        batch_handler: Callable[[list[BatchMessage], AsyncTx], Awaitable[Sequence[T] | None]],
+        seen: dict[int, Observation],
+    ) -> None:
+        """Run the batch handler once with every claimed message; complete them in one
+        statement, or record its failure on each of them."""
+        if not taken:
+            return
+        assert isinstance(session, AsyncSetClaims)
+        scope = self.consumer
+        messages = [
+            BatchMessage(t.record.key, batch[i].payload, t.attempt, batch[i].delivery)
+            for i, t in taken
+        ]
+        head = taken[0][1]
+        tx = AsyncTx(session, scope, head.record.key, head.attempt, None, self.outbox)
+        # the handler's writes in a savepoint (one per batch): a failure undoes them and
+        # keeps the claims, on which the failures are then recorded
+        await session.execute(_HANDLER_SAVEPOINT)
+        watched = [(seen[i], t.attempt) for i, t in taken if i in seen]
+        try:
+            for observation, attempt in watched:
+                observation.handler_started(attempt)
+            try:
+                with inside_atomic_handler(self.store):
+                    results = await batch_handler(messages, tx)
+            finally:
+                for observation, _ in watched:
+                    observation.handler_ended()
+            check_health(session.health(), scope, head.record.key)
+            values: list[Any] = [None] * len(messages) if results is None else list(results)
+            if len(values) != len(messages):
+                raise ValueError(
+                    f"the batch handler returned {len(values)} results for {len(messages)} messages"
+                )
+            writes = [
+                (
+                    t.record.key,
+                    Expect(t.record.token, State.IN_PROGRESS),
+                    complete_write(
+                        t.record, codec.encode(v, max_bytes=self.max_result_bytes), self.ttl
+                    ),
+                )
+                for (_, t), v in zip(taken, values, strict=True)
+            ]
+            done = await session.update_many(scope, writes)
+            if any(d is None for d in done):
+                raise ended(scope, head.record.key)
+        except BaseException as exc:
+            health = session.health()
+            if not isinstance(exc, Exception):
+                raise
+            if health is TxHealth.LOST or isinstance(exc, StoreUnavailable):
+                raise StoreUnavailable(
+                    f"the store went away while the batch handler ran: {exc}",
+                    key=head.record.key,
+                    scope=scope,
+                ) from exc
+            if health is TxHealth.ENDED or isinstance(exc, TransactionEnded):
+                for i, t in taken:
+                    failed = HandlerFailed(exc, _carried(t), t.seen, t.attempt, health)
+                    await self._record_failure(failed, batch[i].payload, None)
+                raise
+            if isinstance(exc, self.uncounted_errors):
+                raise  # no failure of the messages: the batch rolls back, uncounted
+            await session.execute(_BACK_TO_HANDLER_SAVEPOINT)
+            fails = [
+                (
+                    t.record.key,
+                    Expect(t.record.token, State.IN_PROGRESS),
+                    self._failure(_carried(t), exc, batch[i].payload),
+                )
+                for i, t in taken
+            ]
+            stored = await session.update_many(scope, fails)
+            for (i, t), (_, _, write), record in zip(taken, fails, stored, strict=True):
+                _log_failure(scope, t.record.key, t.attempt, write, record)
+                outcomes[i] = Outcome(None, False, t.record.key, 0, error=exc)  # type: ignore[arg-type]
+            return
+        for (i, t), v in zip(taken, values, strict=True):
+            outcomes[i] = Outcome(v, False, t.record.key, t.attempt)
+
+    async def _give_back(self, unrun: list[Taken]) -> None:
+        """Give back the claims in ``unrun`` (never run), where they were committed."""
+        if not unrun:
+            return
+        try:
+            async with self.store.session() as session:
+                for t in unrun:
+                    holder = Expect(t.record.token, State.IN_PROGRESS)
+                    await session.update(
+                        self.consumer, t.record.key, holder, unrun_write(_carried(t))
+                    )
+        except OnceOnlyError:
+            log.exception("%s: claims of a batch could not be given back", self.consumer)
+
+    def _observation(self, item: BatchItem) -> Observation:
+        """The events of one message of a set-based batch (as :func:`observed` emits them
+        for :meth:`process`)."""
+        headers = item.delivery.headers if item.delivery is not None else None
+        return Observation(self.events, self.consumer, str(item.key), headers)
+
+    def _failure(self, claimed: Record, exc: Exception, payload: Any) -> Write:
+        """The failure write of a run of ``claimed`` (as :meth:`_record_failure` stores it)."""
+        return failure_write(
+            claimed,
+            exc,
+            payload=payload,
+            keep_payload=self.keep_payload,
+            cache_errors=self.cache_errors,
+            ttl=self.ttl,
+            max_attempts=self.policy.max_attempts,
+            max_bytes=self.max_result_bytes,
+        )
 
     def handler(
         self, *, key: Callable[[Any], str]
@@ -623,3 +993,104 @@ def _carried(taken: Taken) -> Record:
     return dataclasses.replace(
         taken.record, checkpoint=taken.intent.checkpoint, payload=taken.intent.payload
     )
+
+
+_HANDLER_SAVEPOINT = "SAVEPOINT onceonly_handler"
+_BACK_TO_HANDLER_SAVEPOINT = "ROLLBACK TO SAVEPOINT onceonly_handler"
+
+
+class _Rerun(Exception):
+    """A message of a set-based batch failed after writing (or must not be counted): the
+    batch's transaction rolls back and the batch runs again one key at a time, without
+    running this message again (``failure``: what to record of it; ``None``: nothing).
+    ``index`` -1: no message ran (the claim statement gave up waiting for a key)."""
+
+    def __init__(
+        self, index: int, exc: Exception, failure: HandlerFailed | None, attempt: int = 0
+    ) -> None:
+        super().__init__(repr(exc))
+        self.index = index
+        self.exc = exc
+        self.failure = failure
+        self.attempt = attempt
+
+
+class _WatchedTx(AsyncTx):
+    """The ``tx`` of a message run without a savepoint: notes whether the handler may
+    have written (then a failure must roll the batch back, not just its claim)."""
+
+    touched = False
+
+    @property
+    def connection(self) -> Any:
+        self.touched = True
+        return super().connection
+
+    @property
+    def session(self) -> Any:
+        self.touched = True
+        return super().session
+
+    async def execute(self, sql: str, params: Params = None) -> Any:
+        self.touched = True
+        return await super().execute(sql, params)
+
+    async def publish(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> str:
+        self.touched = True
+        return await super().publish(topic, payload, key=key, headers=headers)
+
+
+class _Within:
+    """The session of a batch as the claim loop's ``begin``: entering and leaving it
+    neither begins nor ends anything."""
+
+    def __init__(self, session: AsyncSession) -> None:
+        self._session = session
+
+    async def __aenter__(self) -> AsyncSession:
+        return self._session
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+async def _taken(session: AsyncSession, taken: Taken) -> Taken:
+    return taken
+
+
+def _alone(
+    batch_handler: Callable[[list[BatchMessage], AsyncTx], Awaitable[Sequence[T] | None]],
+) -> Callable[[Any, AsyncTx], Awaitable[T]]:
+    """The batch handler as the handler of one message (a message run alone)."""
+
+    async def one(payload: Any, tx: AsyncTx) -> T:
+        results = await batch_handler([BatchMessage(tx.key, payload, tx.attempt, tx.delivery)], tx)
+        if results is None:
+            return None  # type: ignore[return-value]
+        values = list(results)
+        if len(values) != 1:
+            raise ValueError(f"the batch handler returned {len(values)} results for 1 message")
+        return values[0]
+
+    return one
+
+
+def _log_failure(scope: str, key: str, attempt: int, write: Write, stored: Record | None) -> None:
+    if stored is None:
+        log.info("%s/%s moved on while failing; the failure is not recorded", scope, key)
+    else:
+        log.warning(
+            "%s/%s attempt %d failed (%s); state %s",
+            scope,
+            key,
+            attempt,
+            write.error,
+            stored.state.value,
+        )

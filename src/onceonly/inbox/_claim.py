@@ -55,9 +55,9 @@ from onceonly._core.state import (
 from onceonly.errors import DeadLettered, InFlight, StoreUnavailable
 from onceonly.inbox._outcome import Replay
 from onceonly.inbox._rules import dead_error, is_own_mark, mismatch_error
-from onceonly.types import Session
+from onceonly.types import Session, Snapshot
 
-__all__ = ["Taken", "claim_key", "wait_in_flight"]
+__all__ = ["Taken", "claim_key", "settle_claim", "wait_in_flight"]
 
 log = logging.getLogger("onceonly.lease")
 
@@ -202,6 +202,26 @@ def _round(
     was read (go round again)."""
     first = claim_write(fp, token, policy)
     snap = session.claim(scope, key, first if shape is None else shape(first))
+    return settle_claim(session, snap, first, scope, key, fp, token, policy, shape, own, recovering)
+
+
+def settle_claim(
+    session: Session,
+    snap: Snapshot,
+    first: Write,
+    scope: str,
+    key: str,
+    fp: str | None,
+    token: int,
+    policy: Policy,
+    shape: Callable[[Write], Write] | None,
+    own: int | None = None,
+    recovering: bool = False,
+) -> Taken | Replay | DeadLettered | Decision | None:
+    """The rest of a round once the claim ``first`` (before ``shape``) was written as
+    ``snap`` (also for a claim written with the others of a batch: ``claim_many``): what
+    :func:`~onceonly._core.state.decide` says of the record found, acted on as
+    :func:`claim_key` acts on it (the conditional write of a RUN or a DEAD included)."""
     if snap.inserted and not recovering:
         assert snap.record is not None
         return Taken(snap.record, 1, None, first)

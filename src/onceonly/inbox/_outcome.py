@@ -20,7 +20,7 @@ from onceonly.errors import (
 )
 from onceonly.messaging import Delivery
 
-__all__ = ["BatchItem", "Outcome", "Replay"]
+__all__ = ["BatchItem", "BatchMessage", "Outcome", "Replay"]
 
 T = TypeVar("T")
 
@@ -159,6 +159,27 @@ class BatchItem:
 
     key: str
     payload: Any
+    delivery: Delivery | None = None
+
+
+@dataclass(frozen=True)
+class BatchMessage:
+    """A new message of a batch, as a batch handler receives it
+    (``process_batch(items, batch_handler=...)``): claimed in the batch's transaction,
+    not a replay.
+
+    Attributes:
+        key: its idempotency key.
+        payload: its body.
+        attempt: 1 for its first run, 2 for its first retry, …
+        delivery: its broker metadata, when a broker consumer hands it in.
+
+    .. versionadded:: 0.6
+    """
+
+    key: str
+    payload: Any
+    attempt: int
     delivery: Delivery | None = None
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 try:
@@ -34,6 +35,7 @@ from onceonly.errors import (
     TransactionAborted,
     TransactionEnded,
 )
+from onceonly.stores.postgres._batch_sql import BatchStatements, claim_arrays, update_arrays
 from onceonly.stores.postgres._errors import _DriverErrors
 from onceonly.stores.postgres._sql import (
     _BACK_TO_SAVEPOINT,
@@ -153,6 +155,7 @@ class PostgresSession:
         self._lock_seconds = (
             None if lock_timeout is None or mode == _AUTOCOMMIT else int(lock_timeout[:-2]) / 1000
         )
+        self._table = store.table  # the set-based statements' (claim_many)
 
     def _fence(self) -> None:
         """Refuse the caller's commit()/rollback() from now until our own end (see
@@ -483,3 +486,83 @@ class PostgresSession:
                 log.warning("rollback failed; discarding the connection", exc_info=True)
             if self._mode != _JOINED:
                 conn.close()
+
+    # -- set-based batches (docs/spec.md §1.6a; the statements are in ._batch_sql)
+
+    def claim_many(self, scope: str, claims: Sequence[tuple[str, Write]]) -> list[Snapshot]:
+        """:meth:`claim` of every ``(key, write)`` of ``claims`` (distinct keys) in one
+        statement, rows written or locked in key order; one :class:`Snapshot` per claim,
+        in the order given. A key whose record the statement could not read (committed
+        by a transaction it waited for) is claimed again alone.
+
+        Raises:
+            InFlight: a key was held longer than ``lock_wait`` by another transaction
+                (the statement, and with it this transaction, failed as a whole).
+        """
+        if self._q.partitioned or len(claims) < 2:  # one at a time, in the order given
+            return [self.claim(scope, key, write) for key, write in claims]
+        statement = BatchStatements.for_table(self._table).claim_many
+        params = claim_arrays(scope, claims)
+        first = claims[0][0]
+        if self._lock_timeout is not None:
+            query, params, waiting = statement.bounded, (self._lock_timeout, *params), True
+        else:
+            query, waiting = statement.plain, False
+        with _DriverErrors(scope, first, waiting=waiting), self._bounded(waiting):
+            if self._pending is None:
+                cur = self._cur
+                cur.execute(query, params)
+            else:
+                # the opening rides with the claims (psycopg's pipeline: once per batch,
+                # worth it on loopback too, unlike for one claim)
+                pipeline, self._pipeline = self._pipeline, self._batch_open
+                try:
+                    self._open_with(query, params)
+                finally:
+                    self._pipeline = pipeline
+                cur = self._cur
+            rows = cur.fetchall()
+        by_key = {row[0]: row for row in rows if row[0] is not None}
+        out: list[Snapshot] = []
+        for key, write in claims:
+            row = by_key.get(key)
+            snap = None if row is None else _claimed(scope, key, write, row[1:3])
+            if snap is None or (row is not None and not row[3] and row[2] is None):
+                snap = self.claim(scope, key, write)  # read (or insert) it afresh
+            self._held.add((scope, key))  # inserted or row-locked by the statement
+            out.append(snap)
+        return out
+
+    def update_many(
+        self, scope: str, writes: Sequence[tuple[str, Expect, Write]]
+    ) -> list[Record | None]:
+        """:meth:`update` of every ``(key, expect, write)`` in one statement (distinct
+        keys); the stored record of each, or ``None`` where the version moved on."""
+        if len(writes) < 2:
+            return [self.update(scope, key, expect, write) for key, expect, write in writes]
+        statement = BatchStatements.for_table(self._table).update_many
+        params = update_arrays(scope, writes)
+        held = all((scope, key) in self._held for key, _, _ in writes)
+        if self._lock_timeout is not None and not held:
+            query, params, waiting = statement.bounded, (self._lock_timeout, *params), True
+        else:
+            query, waiting = statement.plain, False
+        first = writes[0][0]
+        with _DriverErrors(scope, first, waiting=waiting), self._bounded(waiting):
+            if self._pending is None:
+                cur = self._cur
+                cur.execute(query, params)
+            else:
+                self._open_with(query, params)
+                cur = self._cur
+            rows = cur.fetchall()
+        by_key = {row[0]: row for row in rows if row[0] is not None}
+        out: list[Record | None] = []
+        for key, _, write in writes:
+            row = by_key.get(key)
+            if row is None:
+                out.append(None)
+                continue
+            self._held.add((scope, key))
+            out.append(_updated(scope, key, write, row[1:]))
+        return out
