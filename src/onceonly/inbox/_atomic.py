@@ -28,7 +28,6 @@ from onceonly._core.durations import seconds
 from onceonly._core.fingerprint import Fingerprinter, fingerprint
 from onceonly._core.keys import validate_key
 from onceonly._core.state import (
-    Action,
     Decision,
     Expect,
     Policy,
@@ -37,7 +36,6 @@ from onceonly._core.state import (
     Write,
     claim_write,
     complete_write,
-    decide,
 )
 from onceonly._runtime import new_token
 from onceonly.errors import (
@@ -52,7 +50,7 @@ from onceonly.errors import (
     TransactionError,
 )
 from onceonly.events import EventHook, Listener, Observation
-from onceonly.inbox._claim import Taken, claim_key, settle_claim
+from onceonly.inbox._claim import Taken, claim_key, read_replay, settle_claim
 from onceonly.inbox._events import observed
 from onceonly.inbox._leased import LeasedRunner, current_claim
 from onceonly.inbox._leased_inbox import DEFAULT_LEASE, LEASED, LeasedTx, mode_of
@@ -392,7 +390,7 @@ class Inbox:
         ``None``: claim it as usual (spec §1.2a).
 
         Used while most deliveries are replays: one round trip instead of a transaction's
-        (BEGIN and the claim, then COMMIT). Only a record that :func:`decide` replays
+        (BEGIN and the claim, then COMMIT). Only a record that the claim rules replay
         counts: completed, unexpired on the store's clock, the same payload. Such a record
         is final until it expires (every write is conditional on a version it is not, and
         retention removes only expired records), so the read needs no lock and no
@@ -402,14 +400,7 @@ class Inbox:
         claim, which waits for the row's lock, as if this read had not happened.
         """
         with self.store.session() as session:
-            snap = session.get(self.consumer, key)
-        if snap.record is None:
-            return None
-        decision = decide(snap.record, snap.now, fp, self.policy, new_token())
-        if decision.action is not Action.REPLAY:
-            return None
-        assert decision.record is not None
-        return Replay(decision.record, snap.now)
+            return read_replay(session, self.consumer, key, fp, self.policy)
 
     def _process_leased(
         self,

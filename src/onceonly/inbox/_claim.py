@@ -57,7 +57,7 @@ from onceonly.inbox._outcome import Replay
 from onceonly.inbox._rules import dead_error, is_own_mark, mismatch_error
 from onceonly.types import Session, Snapshot
 
-__all__ = ["Taken", "claim_key", "settle_claim", "wait_in_flight"]
+__all__ = ["Taken", "claim_key", "read_replay", "settle_claim", "wait_in_flight"]
 
 log = logging.getLogger("onceonly.lease")
 
@@ -252,3 +252,20 @@ def settle_claim(
         return dead_error(record, write.attempts if write is not None else None)
     assert stored is not None and decision.write is not None
     return Taken(stored, decision.attempt, decision.expect, decision.write)
+
+
+def read_replay(
+    session: Session, scope: str, key: str, fp: str | None, policy: Policy
+) -> Replay | None:
+    """The replay of ``key`` from one read of committed data, or ``None`` when
+    :func:`~onceonly._core.state.decide` would not replay what the read found (absent,
+    in flight, failed, dead, expired, another payload): claim it as usual then (spec
+    §1.2a; a record it replays is final until it expires, so the read needs no lock)."""
+    snap = session.get(scope, key)
+    if snap.record is None:
+        return None
+    decision = decide(snap.record, snap.now, fp, policy, _runtime.new_token())
+    if decision.action is not Action.REPLAY:
+        return None
+    assert decision.record is not None
+    return Replay(decision.record, snap.now)
