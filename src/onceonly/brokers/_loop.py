@@ -407,9 +407,12 @@ class ConsumerLoop:
                 settlements = [
                     unexpected(exc, self.deliveries.delay(d.delivery_count or 1)) for d in ds
                 ]
-            await asyncio.gather(
-                *(self._settle_one(d, s, stop) for d, s in zip(ds, settlements, strict=True))
-            )
+            if len(ds) == 1:  # no task of its own: its slot frees in this same step
+                await self._settle_one(ds[0], settlements[0], stop)
+            else:
+                await asyncio.gather(
+                    *(self._settle_one(d, s, stop) for d, s in zip(ds, settlements, strict=True))
+                )
         finally:
             for d in ds:
                 self._in_flight.pop(id(d), None)

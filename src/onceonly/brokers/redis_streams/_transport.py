@@ -1,7 +1,17 @@
 # SPDX-License-Identifier: MIT
 """Redis Streams as a :class:`~onceonly.brokers._loop.Transport`: one member of a
 consumer group (XREADGROUP, XAUTOCLAIM of idle entries, XCLAIM of its own failed
-entries when their backoff is over, batched XACK, idle-time resets as the lease)."""
+entries when their backoff is over, batched XACK, idle-time resets as the lease).
+
+Acks ride with reads. :meth:`RedisStreamsTransport.ack` queues the entry id (the inbox
+has committed) and returns; when the loop starts its next read within the same turn of
+the event loop (as it does once the acked delivery's slot is free), the queued ids go
+as one XACK in a pipeline ahead of that XREADGROUP: one round trip, and Redis runs the
+XACK first, so this consumer never holds more entries than the loop has slots. Ids
+still queued a turn later (a read already on the wire, a batch gathering, a stop) go as
+one XACK of their own. An XACK that fails leaves its entries pending here: they are
+fetched again at once (XCLAIM), the inbox replays them and they are acked again.
+:meth:`~RedisStreamsTransport.close` sends what is still queued."""
 
 from __future__ import annotations
 
@@ -9,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio
@@ -118,9 +128,9 @@ class RedisStreamsTransport:
         self._next_claim = 0.0
         self._claim_cursor = "0-0"
         self._stopping = False
-        self._ack_ids: list[str] = []  # acks waiting for the next XACK
-        self._ack_done: asyncio.Future[None] | None = None  # resolved by that XACK
-        self._ack_task: asyncio.Task[None] | None = None
+        self._ack_ids: list[str] = []  # acked here, not sent yet
+        self._ack_task: asyncio.Task[None] | None = None  # sends them unless a read does
+        self._read_starting = False  # receive() was called; its read takes the acks
 
     async def ensure_group(self) -> None:
         """Create the group (and the stream) unless it exists."""
@@ -136,7 +146,7 @@ class RedisStreamsTransport:
             ) from exc
 
     async def open(self) -> None:
-        self._stopping = False
+        self._stopping = self._read_starting = False
         self._next_claim, self._claim_cursor = 0.0, "0-0"
         await self.ensure_group()
         self._next_forget = 0.0
@@ -161,7 +171,15 @@ class RedisStreamsTransport:
 
     # -- receiving ------------------------------------------------------------------
 
-    async def receive(self, limit: int) -> Sequence[Incoming]:
+    def receive(self, limit: int) -> Coroutine[Any, Any, Sequence[Incoming]]:
+        # Not a coroutine function: the acks queued so far are promised to this read
+        # when the loop asks for it, before the flusher's next turn.
+        self._read_starting = True
+        return self._receive(limit)
+
+    async def _receive(self, limit: int) -> Sequence[Incoming]:
+        self._read_starting = False
+        acks, self._ack_ids = self._ack_ids, []
         out: list[Incoming] = []
         try:
             await self._forget_idle()
@@ -169,7 +187,7 @@ class RedisStreamsTransport:
             if len(out) < limit and time.monotonic() >= self._next_claim:
                 await self._autoclaim(limit - len(out), out)
             if len(out) < limit:
-                await self._read_new(limit - len(out), out)
+                await self._read_new(limit - len(out), out, acks)
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
@@ -179,6 +197,10 @@ class RedisStreamsTransport:
             if out:
                 return out
             raise BrokerUnavailable(f"read from {self.stream} failed: {exc!r}") from exc
+        finally:
+            if acks:  # not sent with a read: on their own
+                self._ack_ids[:0] = acks
+                self._flush_soon()
         return out
 
     def _block_ms(self) -> int:
@@ -188,14 +210,27 @@ class RedisStreamsTransport:
         until = int((wake - time.monotonic()) * 1000)
         return max(1, min(self.block_ms, until))
 
-    async def _read_new(self, free: int, out: list[Incoming]) -> None:
-        reply: Any = await self.client.xreadgroup(
-            self.group,
-            self.consumer_name,
-            {self.stream: ">"},
-            count=min(free, self.count),
-            block=self._block_ms(),
-        )
+    async def _read_new(self, free: int, out: list[Incoming], acks: list[str]) -> None:
+        """XREADGROUP up to ``free`` new entries, after one XACK of ``acks`` in the same
+        round trip (``acks`` is emptied once Redis answered both)."""
+        count, block = min(free, self.count), self._block_ms()
+        reply: Any
+        if not acks:
+            reply = await self.client.xreadgroup(
+                self.group, self.consumer_name, {self.stream: ">"}, count=count, block=block
+            )
+        else:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.xack(self.stream, self.group, *acks)
+                pipe.xreadgroup(
+                    self.group, self.consumer_name, {self.stream: ">"}, count=count, block=block
+                )
+                acked, reply = await pipe.execute(raise_on_error=False)
+            if isinstance(acked, Exception):
+                self._ack_failed(acks, acked)
+            acks.clear()
+            if isinstance(reply, Exception):
+                raise reply
         for _, entries in reply or ():
             for entry_id, fields in entries:
                 out.append(self._incoming(wire.text(entry_id), fields, 1))
@@ -271,31 +306,41 @@ class RedisStreamsTransport:
         """Nothing to wake: ``receive`` returns within its poll timeout."""
 
     async def ack(self, d: Incoming) -> None:
-        """XACK, in one XACK with the others acked meanwhile; wait for it."""
+        """Queue the XACK (see the module): it rides with the next read, else goes alone
+        a turn later, in one XACK with the others queued meanwhile."""
         entry_id = d.raw.entry_id
         self._active.discard(entry_id)
-        if self._ack_done is None:
-            self._ack_done = asyncio.get_running_loop().create_future()
-        done = self._ack_done
         self._ack_ids.append(entry_id)
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
         if self._ack_task is None or self._ack_task.done():
             self._ack_task = asyncio.ensure_future(self._flush_acks())
-        await asyncio.shield(done)
 
     async def _flush_acks(self) -> None:
-        while self._ack_ids:
-            ids, done = self._ack_ids, self._ack_done
-            self._ack_ids, self._ack_done = [], None
-            assert done is not None
-            try:
-                await self.client.xack(self.stream, self.group, *ids)
-            except BaseException as exc:
-                done.set_exception(exc)
-                done.exception()  # retrieved: every waiter may have been cancelled
-                if not isinstance(exc, Exception):
-                    raise
-            else:
-                done.set_result(None)
+        await asyncio.sleep(0)  # one turn: a read the loop starts meanwhile takes them
+        while self._ack_ids and not self._read_starting:
+            await self._send_acks()
+
+    async def _send_acks(self) -> None:
+        ids, self._ack_ids = self._ack_ids, []
+        try:
+            await self.client.xack(self.stream, self.group, *ids)
+        except (RedisError, OSError) as exc:
+            self._ack_failed(ids, exc)
+        except BaseException:
+            self._ack_ids[:0] = ids  # cancelled: close() sends them
+            raise
+
+    def _ack_failed(self, ids: list[str], exc: BaseException) -> None:
+        """The XACK of ``ids`` failed (maybe after Redis ran it): fetch them again at
+        once, to be replayed and acked (when stopping: left pending, for a takeover or
+        the next run)."""
+        self.log.warning("%s: XACK of %d entries failed: %r", self.where, len(ids), exc)
+        if not self._stopping:
+            now = time.monotonic()
+            for entry_id in ids:
+                self._retry_at[entry_id] = now
 
     async def retry(self, d: Incoming, delay: float) -> None:
         """Leave it pending here, fetched again after ``delay`` (when stopping: left
@@ -326,11 +371,15 @@ class RedisStreamsTransport:
 
     async def stop_receiving(self) -> None:
         self._stopping = True
+        self._read_starting = False  # a read cancelled before it started takes nothing
 
     async def close(self, graceful: bool) -> None:
         self._retry_at.clear()
+        self._read_starting = False
         if self._ack_task is not None:
             await asyncio.gather(self._ack_task, return_exceptions=True)
+        while self._ack_ids:
+            await self._send_acks()
         if graceful:
             try:
                 await self._leave(keys=[self.stream], args=[self.group, self.consumer_name])
