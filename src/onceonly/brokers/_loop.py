@@ -395,8 +395,11 @@ class ConsumerLoop:
             self._in_flight[id(d)] = d
         try:
             try:
-                async with self._running:  # at most `concurrency` transactions
+                if self.batch_size == 1:  # one slot each: never more than `concurrency`
                     settlements = await self._process(ds, stop)
+                else:
+                    async with self._running:  # at most `concurrency` transactions
+                        settlements = await self._process(ds, stop)
             except asyncio.CancelledError:
                 # shutdown could not wait: the transaction rolled back; hand them back
                 for d in ds:
@@ -502,7 +505,7 @@ class ConsumerLoop:
             await t.ack(d)
             if v.reason:
                 log.warning("%s: acked (%s: %s)", label, v.reason, v.error)
-            else:
+            elif log.isEnabledFor(logging.DEBUG):
                 log.debug("%s: acked%s", label, " (replayed)" if s.replayed else "")
             return
         if v.action is Action.RETRY:

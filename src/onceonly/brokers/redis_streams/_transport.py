@@ -7,9 +7,10 @@ Acks ride with reads. :meth:`RedisStreamsTransport.ack` queues the entry id (the
 has committed) and returns; when the loop starts its next read within the same turn of
 the event loop (as it does once the acked delivery's slot is free), the queued ids go
 as one XACK in a pipeline ahead of that XREADGROUP: one round trip, and Redis runs the
-XACK first, so this consumer never holds more entries than the loop has slots. Ids
-still queued a turn later (a read already on the wire, a batch gathering, a stop) go as
-one XACK of their own. An XACK that fails leaves its entries pending here: they are
+XACK before the read hands out more entries. While a read is already on the wire, the
+queued ids wait for it to end (at most :data:`ACK_LINGER`) and ride with the read the
+loop starts next; ids that no read takes (an idle stream, a batch gathering, a stop) go
+as one XACK of their own. An XACK that fails leaves its entries pending here: they are
 fetched again at once (XCLAIM), the inbox replays them and they are acked again.
 :meth:`~RedisStreamsTransport.close` sends what is still queued."""
 
@@ -33,6 +34,10 @@ from onceonly.errors import BrokerUnavailable, ConfigurationError
 __all__ = ["RedisStreamsTransport"]
 
 HEARTBEAT_BATCH = 500
+#: The longest an ack waits for a read on the wire to end (then the read after it takes
+#: the ack), before it is sent alone: a read returns at once on a busy stream, and
+#: blocks up to ``block_ms`` on an idle one.
+ACK_LINGER = 0.005
 
 # Reset the idle time of the entries this consumer still owns; returns the ids kept.
 _HEARTBEAT = """
@@ -131,6 +136,7 @@ class RedisStreamsTransport:
         self._ack_ids: list[str] = []  # acked here, not sent yet
         self._ack_task: asyncio.Task[None] | None = None  # sends them unless a read does
         self._read_starting = False  # receive() was called; its read takes the acks
+        self._read_done: asyncio.Future[None] | None = None  # of the read on the wire
 
     async def ensure_group(self) -> None:
         """Create the group (and the stream) unless it exists."""
@@ -181,6 +187,7 @@ class RedisStreamsTransport:
         self._read_starting = False
         acks, self._ack_ids = self._ack_ids, []
         out: list[Incoming] = []
+        self._read_done = done = asyncio.get_running_loop().create_future()
         try:
             await self._forget_idle()
             await self._refetch_due(limit, out)
@@ -198,6 +205,7 @@ class RedisStreamsTransport:
                 return out
             raise BrokerUnavailable(f"read from {self.stream} failed: {exc!r}") from exc
         finally:
+            done.set_result(None)
             if acks:  # not sent with a read: on their own
                 self._ack_ids[:0] = acks
                 self._flush_soon()
@@ -319,8 +327,16 @@ class RedisStreamsTransport:
 
     async def _flush_acks(self) -> None:
         await asyncio.sleep(0)  # one turn: a read the loop starts meanwhile takes them
+        deadline = time.monotonic() + ACK_LINGER
         while self._ack_ids and not self._read_starting:
-            await self._send_acks()
+            reading, left = self._read_done, deadline - time.monotonic()
+            if reading is None or reading.done() or left <= 0:
+                await self._send_acks()
+                continue
+            # a read is on the wire: on a busy stream it returns at once, and the read
+            # the loop starts next (in that same turn) takes these acks
+            await asyncio.wait({reading}, timeout=left)
+            await asyncio.sleep(0)
 
     async def _send_acks(self) -> None:
         ids, self._ack_ids = self._ack_ids, []
