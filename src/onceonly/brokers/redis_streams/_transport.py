@@ -135,6 +135,7 @@ class RedisStreamsTransport:
         self._stopping = False
         self._ack_ids: list[str] = []  # acked here, not sent yet
         self._ack_task: asyncio.Task[None] | None = None  # sends them unless a read does
+        self._flush_armed = False  # a look at the queued acks is due (_flush_check)
         self._read_starting = False  # receive() was called; its read takes the acks
         self._read_done: asyncio.Future[None] | None = None  # of the read on the wire
 
@@ -322,11 +323,23 @@ class RedisStreamsTransport:
         self._flush_soon()
 
     def _flush_soon(self) -> None:
+        """Look at the queued acks one turn from now (two callbacks: after the loop's
+        step that this ack's slot wakes, which starts the next read if there is one); a
+        task only when a read is on the wire or the acks must go alone."""
+        if self._flush_armed or not (self._ack_task is None or self._ack_task.done()):
+            return  # a look is due, or the running flush sees these too
+        self._flush_armed = True
+        loop = asyncio.get_running_loop()
+        loop.call_soon(loop.call_soon, self._flush_check)
+
+    def _flush_check(self) -> None:
+        self._flush_armed = False
+        if not self._ack_ids or self._read_starting:
+            return  # a read the loop has started takes them
         if self._ack_task is None or self._ack_task.done():
             self._ack_task = asyncio.ensure_future(self._flush_acks())
 
     async def _flush_acks(self) -> None:
-        await asyncio.sleep(0)  # one turn: a read the loop starts meanwhile takes them
         deadline = time.monotonic() + ACK_LINGER
         while self._ack_ids and not self._read_starting:
             reading, left = self._read_done, deadline - time.monotonic()
