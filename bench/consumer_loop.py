@@ -20,8 +20,10 @@ Cases, at each concurrency ``c`` of ``--concurrency`` (default 1 and 8):
   no entry pending.
 
 Each slice writes its entries with one pipelined XADD (untimed) to a stream of its own.
-Printed: medians of msg/s and of the worker's CPU µs per message, the ratios
-``loop / inbox`` and ``hand / inbox`` per version, and the machine's load average. The
+Printed: medians of msg/s and of the worker's CPU µs per message (user + system), the
+ratios ``loop / inbox``, ``hand / inbox`` and ``loop / hand`` of each version (taken
+within each round, then the median), each case's after / before, and the machine's
+load average. The
 Redis commands and round trips per message of ``loop c`` are counted separately with
 ``tests/brokers/test_redis_streams_roundtrips.py``.
 
@@ -294,14 +296,24 @@ def main() -> None:
         b, a = med[("before", kind, c)], med[("after", kind, c)]
         cb, ca = cmed[("before", kind, c)], cmed[("after", kind, c)]
         print(f"{kind} c{c:<5}{b:>14.0f}{a:>13.0f}{cb:>15.0f}{ca:>14.0f}")
-    print("\nratios to inbox.process alone (msg/s, medians):")
+    print("\nratios of msg/s, each within one round (the median over the rounds):")
+    print(f"{'':10}{'loop / inbox':>14}{'hand / inbox':>14}{'loop / hand':>13}")
+
+    def per_round(label: str, top: str, bottom: str, c: int) -> float:
+        tops, bottoms = rate[(label, top, c)], rate[(label, bottom, c)]
+        return statistics.median(t / b for t, b in zip(tops, bottoms, strict=True))
+
     for c in args.concurrency:
         for label in ("before", "after"):
-            alone = med[(label, "inbox", c)]
             print(
-                f"  c{c} {label:<7} loop / inbox {med[(label, 'loop', c)] / alone:.2f}"
-                f"   hand / inbox {med[(label, 'hand', c)] / alone:.2f}"
+                f"c{c} {label:<7}{per_round(label, 'loop', 'inbox', c):>14.2f}"
+                f"{per_round(label, 'hand', 'inbox', c):>14.2f}"
+                f"{per_round(label, 'loop', 'hand', c):>13.2f}"
             )
+    print("\nafter / before, msg/s of the same case in the same round (median):")
+    for kind, c in cases:
+        b, a = rate[("before", kind, c)], rate[("after", kind, c)]
+        print(f"  {kind} c{c}: {statistics.median(x / y for x, y in zip(a, b, strict=True)):.2f}")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -280,20 +280,29 @@ class ConsumerLoop:
                 ):
                     self._dispatch(pending, stop)
                     pending = []
+                inline: Awaitable[Sequence[Incoming]] | None = None
                 if receiving is None:
                     if stop.is_set() or (
                         not pending and not await self._take_slots(stop, cautious)
                     ):
                         break
                     limit = 1 if cautious else self._free
-                    receiving = asyncio.ensure_future(self.transport.receive(limit))
-                wait = None if not pending else max(0.0, since + self.batch_wait - time.monotonic())
-                await asyncio.wait({receiving}, timeout=wait)
-                if not receiving.done():
-                    continue  # the batch waited long enough; the receive goes on
+                    if pending:  # the read runs beside the batch that gathers
+                        receiving = asyncio.ensure_future(self.transport.receive(limit))
+                    else:  # nothing to do until it returns: no task of its own
+                        inline = self.transport.receive(limit)
+                if receiving is not None:
+                    wait = max(0.0, since + self.batch_wait - time.monotonic()) if pending else None
+                    await asyncio.wait({receiving}, timeout=wait)
+                    if not receiving.done():
+                        continue  # the batch waited long enough; the receive goes on
                 got, receiving = receiving, None
                 try:
-                    batch = got.result()
+                    if inline is not None:
+                        batch = await inline
+                    else:
+                        assert got is not None
+                        batch = got.result()
                     failures = 0
                 except BrokerUnavailable as exc:
                     failures += 1
