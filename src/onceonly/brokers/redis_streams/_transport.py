@@ -5,9 +5,10 @@ entries when their backoff is over, batched XACK, idle-time resets as the lease)
 
 Acks ride with reads. :meth:`RedisStreamsTransport.ack` queues the entry id (the inbox
 has committed) and returns; when the loop starts its next read within the same turn of
-the event loop (as it does once the acked delivery's slot is free), the queued ids go
-as one XACK in a pipeline ahead of that XREADGROUP: one round trip, and Redis runs the
-XACK before the read hands out more entries. While a read is already on the wire, the
+the event loop (as it does once the acked delivery's slot is free), one script XACKs the
+queued ids and then reads new entries without blocking: one round trip (EVALSHA), the
+XACK before Redis hands out more entries. Only when that finds no new entry does a
+blocking XREADGROUP follow (an idle stream). While a read is already on the wire, the
 queued ids wait for it to end (at most :data:`ACK_LINGER`) and ride with the read the
 loop starts next; ids that no read takes (an idle stream, a batch gathering, a stop) go
 as one XACK of their own. An XACK that fails leaves its entries pending here: they are
@@ -61,6 +62,14 @@ local e = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3])
 if #e == 0 or not e[1][2] then return {} end
 p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 return {e[1], p[1][4]}
+"""
+
+# Acknowledge ARGV[4..] (acked after their commit), then read up to ARGV[3] new entries
+# without blocking (a script cannot block): one round trip, the XACK first.
+_ACK_READ = """
+if #ARGV > 3 then redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 4)) end
+return {0, redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
+                      'STREAMS', KEYS[1], '>')}
 """
 
 # Leave the group on a clean stop, unless entries are still pending on this consumer.
@@ -125,6 +134,7 @@ class RedisStreamsTransport:
         self._heartbeat = client.register_script(_HEARTBEAT)
         self._refetch = client.register_script(_REFETCH)
         self._leave = client.register_script(_LEAVE)
+        self._ack_read = client.register_script(_ACK_READ)
         self._forget = client.register_script(_FORGET_IDLE)
         self.forget_idle = forget_idle
         self._next_forget = 0.0
@@ -186,7 +196,6 @@ class RedisStreamsTransport:
 
     async def _receive(self, limit: int) -> Sequence[Incoming]:
         self._read_starting = False
-        acks, self._ack_ids = self._ack_ids, []
         out: list[Incoming] = []
         self._read_done = done = asyncio.get_running_loop().create_future()
         try:
@@ -195,7 +204,7 @@ class RedisStreamsTransport:
             if len(out) < limit and time.monotonic() >= self._next_claim:
                 await self._autoclaim(limit - len(out), out)
             if len(out) < limit:
-                await self._read_new(limit - len(out), out, acks)
+                await self._read_new(limit - len(out), out)
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
@@ -207,9 +216,6 @@ class RedisStreamsTransport:
             raise BrokerUnavailable(f"read from {self.stream} failed: {exc!r}") from exc
         finally:
             done.set_result(None)
-            if acks:  # not sent with a read: on their own
-                self._ack_ids[:0] = acks
-                self._flush_soon()
         return out
 
     def _block_ms(self) -> int:
@@ -219,27 +225,30 @@ class RedisStreamsTransport:
         until = int((wake - time.monotonic()) * 1000)
         return max(1, min(self.block_ms, until))
 
-    async def _read_new(self, free: int, out: list[Incoming], acks: list[str]) -> None:
-        """XREADGROUP up to ``free`` new entries, after one XACK of ``acks`` in the same
-        round trip (``acks`` is emptied once Redis answered both)."""
-        count, block = min(free, self.count), self._block_ms()
-        reply: Any
-        if not acks:
-            reply = await self.client.xreadgroup(
-                self.group, self.consumer_name, {self.stream: ">"}, count=count, block=block
-            )
-        else:
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.xack(self.stream, self.group, *acks)
-                pipe.xreadgroup(
-                    self.group, self.consumer_name, {self.stream: ">"}, count=count, block=block
+    async def _read_new(self, free: int, out: list[Incoming]) -> None:
+        """Up to ``free`` new entries. With acks queued: one script XACKs them and reads
+        without blocking, in one round trip; only when that finds no new entry does a
+        blocking XREADGROUP follow. Acks whose script failed go to the flusher."""
+        count = min(free, self.count)
+        acks, self._ack_ids = self._ack_ids, []
+        if acks:
+            try:
+                reply: Any = await self._ack_read(
+                    keys=[self.stream], args=[self.group, self.consumer_name, count, *acks]
                 )
-                acked, reply = await pipe.execute(raise_on_error=False)
-            if isinstance(acked, Exception):
-                self._ack_failed(acks, acked)
-            acks.clear()
-            if isinstance(reply, Exception):
-                raise reply
+            except BaseException:
+                self._ack_ids[:0] = acks  # maybe not sent: on their own (or close())
+                self._flush_soon()
+                raise
+            for _, entries in reply[1] or ():
+                for entry_id, flat in entries:
+                    fields = dict(zip(flat[::2], flat[1::2], strict=True))
+                    out.append(self._incoming(wire.text(entry_id), fields, 1))
+            if out:
+                return
+        reply = await self.client.xreadgroup(
+            self.group, self.consumer_name, {self.stream: ">"}, count=count, block=self._block_ms()
+        )
         for _, entries in reply or ():
             for entry_id, fields in entries:
                 out.append(self._incoming(wire.text(entry_id), fields, 1))
