@@ -205,6 +205,8 @@ class RedisStreamsTransport:
                 await self._autoclaim(limit - len(out), out)
             if len(out) < limit:
                 await self._read_new(limit - len(out), out)
+            elif self._ack_ids:  # refetched and taken-over entries filled it: no read
+                await self._send_acks()
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
