@@ -276,16 +276,19 @@ def patch_acks(broker: str, on_ack: Any) -> None:
 
         msg_cls.ack = msg_ack
     elif broker == "redis":
-        import redis.asyncio
+        # the transport queues each XACK to send it with its next read (one script) or
+        # alone a turn later: a kill here, with the commit done, loses this ack and any
+        # queued one
+        from onceonly.brokers.redis_streams._transport import RedisStreamsTransport
 
-        redis_cls: Any = redis.asyncio.Redis
-        original_xack = redis_cls.xack
+        streams_cls: Any = RedisStreamsTransport
+        original_queue = streams_cls.ack
 
-        async def xack(self: Any, name: Any, groupname: Any, *ids: Any) -> Any:
-            on_ack(len(ids))
-            return await original_xack(self, name, groupname, *ids)
+        async def queue_ack(self: Any, d: Any) -> None:
+            on_ack(1)
+            await original_queue(self, d)
 
-        redis_cls.xack = xack
+        streams_cls.ack = queue_ack
     elif broker == "sqs":
         from onceonly.brokers.sqs._transport import SqsTransport
 
