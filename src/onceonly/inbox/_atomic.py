@@ -86,6 +86,9 @@ T = TypeVar("T")
 _SQL = ("sqlite", "postgresql", "mysql")  # stores with an outbox table
 # Bounded re-reads when a concurrent writer keeps changing the row under us.
 _PRECOUNT_RACES = 3
+# A store with one writer per database: while a transaction on it has written (a
+# batch's BEGIN IMMEDIATE, a caller's), no other connection can write a precount.
+_ONE_WRITER = "sqlite"
 _RECOUNT_RACES = 3
 # Read a key before claiming it once at least this share of recent deliveries were
 # replays (an average over about the last 1 / _SHARE_WEIGHT deliveries).
@@ -128,7 +131,12 @@ class Inbox:
             runs (one extra round trip for a new key, two for a retry), so a message that
             kills the worker still reaches ``max_attempts`` and ends ``dead``. Broker
             consumers count such crashes with the broker's delivery count instead; leased
-            mode counts them when the lapsed claim is retaken (ignored there).
+            mode counts them when the lapsed claim is retaken (ignored there). On SQLite,
+            a run joined to a transaction (``process(connection=...)``, and every message
+            of :meth:`process_batch`) is not precounted: no other connection can write
+            while that transaction holds the database's write lock, and a count written
+            inside it would roll back with a crash; its failures are counted as usual,
+            a crash is not (spec §1.3.3).
         listeners: callables handed an :class:`~onceonly.events.Event` per delivery
             (metrics, tracing); their errors are logged, never raised.
 
@@ -305,7 +313,12 @@ class Inbox:
             if replay is not None:
                 self._count_replay(True)
                 return self._replay(replay)
-        own = self._precount(key, fp) if self.precount_attempts else None
+        own = None
+        if self.precount_attempts and (connection is None or self.store.dialect != _ONE_WRITER):
+            # joined to a SQLite transaction, the mark could only be written in it (another
+            # connection waits for its write lock): it would roll back with a crash like the
+            # claim, so there is none; a failure is counted as usual (spec §1.3.3)
+            own = self._precount(key, fp)
         committing: Taken | None = None  # the handler and the completion succeeded
 
         def hold(session: Session, taken: Taken) -> Outcome[T]:
@@ -547,6 +560,13 @@ class Inbox:
         case. Where the batch claims one key at a time (other stores, a batch of one,
         ``precount_attempts``), the batch handler is called once per new message, and a
         failure fails that message alone.
+
+        With ``precount_attempts``, each message's attempt is counted before it runs, on
+        a connection of its own (PostgreSQL, MySQL, memory). On SQLite the batch's
+        transaction holds the database's write lock from its start, so nothing is
+        precounted: a failing message is counted as usual, a worker killed inside the
+        batch counts nothing (spec §1.3.3; broker consumers count it with the broker's
+        delivery count).
 
         Args:
             items: :class:`BatchItem` or ``(key, payload[, delivery])`` tuples.
