@@ -175,3 +175,21 @@ def test_precount_joined_to_a_callers_written_transaction(tmp_path: Path) -> Non
     assert inbox.process("k", 1, lambda m, tx: m, connection=conn).result == 1
     conn.execute("COMMIT")
     assert inbox.process("k", 1, lambda m, tx: m).replayed
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_engine_store_handler_closing_the_connection(tmp_path: Path, batch: bool) -> None:
+    """Over a SQLAlchemy engine: StoreUnavailable, and the engine replaces the connection."""
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'engine.db'}")
+    store = onceonly.open_store(engine)
+    store.migrate()
+    inbox = onceonly.Inbox(store, consumer="c")
+    with pytest.raises(onceonly.StoreUnavailable):
+        if batch:
+            inbox.process_batch([("k", {})], _close)
+        else:
+            inbox.process("k", {}, _close)
+    again = inbox.process("k", {}, lambda p, tx: tx.execute("SELECT 1").fetchone()[0])
+    assert again.result == 1 and not again.replayed
+    engine.dispose()
