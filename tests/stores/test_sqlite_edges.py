@@ -193,3 +193,28 @@ def test_engine_store_handler_closing_the_connection(tmp_path: Path, batch: bool
     again = inbox.process("k", {}, lambda p, tx: tx.execute("SELECT 1").fetchone()[0])
     assert again.result == 1 and not again.replayed
     engine.dispose()
+
+
+def test_async_precount_joined_to_a_callers_written_transaction(tmp_path: Path) -> None:
+    """AsyncInbox: process(connection=...) with precount_attempts after the caller wrote."""
+    store = _store(tmp_path, "apcc.db")
+    with store.transaction() as tx:
+        tx.execute("CREATE TABLE biz (x)")
+    conn = sqlite3.connect(tmp_path / "apcc.db", isolation_level=None, check_same_thread=False)
+
+    async def handler(payload: int, tx: onceonly.AsyncTx) -> int:
+        return payload
+
+    async def main() -> onceonly.Outcome[int]:
+        astore = onceonly.open_async_store(f"sqlite:///{tmp_path / 'apcc.db'}?timeout=0.5")
+        inbox = onceonly.AsyncInbox(astore, consumer="c", precount_attempts=True)
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO biz VALUES (1)")  # holds the database's write lock
+        out = await inbox.process("k", 1, handler, connection=conn)
+        conn.execute("COMMIT")
+        return out
+
+    out = asyncio.run(main())
+    assert out.result == 1 and not out.replayed
+    record = onceonly.Admin(store).show("c", "k")
+    assert record is not None and record.state.value == "completed"
