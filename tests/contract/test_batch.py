@@ -98,6 +98,26 @@ def test_duplicates_inside_a_batch_replay_the_first(setup: tuple[Any, Any]) -> N
         assert count() == 1
 
 
+def test_precounted_batch_with_a_repeated_key(store: Any) -> None:
+    """precount_attempts: each message is counted once, a repeated key waits on nothing."""
+    inbox = onceonly.Inbox(store, "billing", precount_attempts=True, wait=1.0)
+
+    def handler(payload: dict[str, Any], tx: onceonly.Tx) -> str:
+        if payload.get("boom"):
+            raise ValueError("boom")
+        return str(payload["id"])
+
+    batch = [("a", {"id": "a"}), ("a", {"id": "a"}), ("b", {"id": "b", "boom": 1})]
+    batch += [("b", {"id": "b", "boom": 1}), ("c", {"id": "c"})]
+    out = inbox.process_batch(batch, handler)
+    assert [(o.result, o.replayed) for o in out[:2]] == [("a", False), ("a", True)]
+    assert isinstance(out[2].error, ValueError) and isinstance(out[3].error, ValueError)
+    assert (out[4].result, out[4].replayed) == ("c", False)
+    record = onceonly.Admin(store).show("billing", "b")
+    assert record is not None and record.attempts == 2  # each run of b counted once
+    assert onceonly.Admin(store).show("billing", "a").attempts == 0  # type: ignore[union-attr]
+
+
 def test_bad_items(setup: tuple[Any, Any]) -> None:
     store, _ = setup
     inbox = onceonly.Inbox(store, "billing")

@@ -85,6 +85,9 @@ T = TypeVar("T")
 _SQL = ("sqlite", "postgresql", "mysql")  # stores with an outbox table
 # Bounded re-reads when a concurrent writer keeps changing the row under us.
 _PRECOUNT_RACES = 3
+# A store with one writer per database: while a transaction on it has written (a
+# batch's BEGIN IMMEDIATE, a caller's), no other connection can write a precount.
+_ONE_WRITER = "sqlite"
 _RECOUNT_RACES = 3
 # Read a key before claiming it once at least this share of recent deliveries were
 # replays (an average over about the last 1 / _SHARE_WEIGHT deliveries).
@@ -127,7 +130,12 @@ class AsyncInbox:
             runs (one extra round trip for a new key, two for a retry), so a message that
             kills the worker still reaches ``max_attempts`` and ends ``dead``. Broker
             consumers count such crashes with the broker's delivery count instead; leased
-            mode counts them when the lapsed claim is retaken (ignored there).
+            mode counts them when the lapsed claim is retaken (ignored there). On SQLite,
+            a run joined to a transaction (``process(connection=...)``, and every message
+            of :meth:`process_batch`) is not precounted: no other connection can write
+            while that transaction holds the database's write lock, and a count written
+            inside it would roll back with a crash; its failures are counted as usual,
+            a crash is not (spec §1.3.3).
         listeners: callables handed an :class:`~onceonly.events.Event` per delivery
             (metrics, tracing); their errors are logged, never raised.
 
@@ -277,11 +285,30 @@ class AsyncInbox:
             raise ConfigurationError("connection= needs atomic mode; this inbox is leased")
         if connection is not None:  # a SQLAlchemy session or connection: its driver's
             connection, joined = await join_async(connection)
+        return await self._deliver(key, payload, handler, connection, delivery, joined)
+
+    async def _deliver(
+        self,
+        key: str,
+        payload: Any,
+        handler: Callable[[Any, AsyncTx], Awaitable[T]],
+        connection: Any,
+        delivery: Delivery | None,
+        joined: Any = None,
+        *,
+        precount: bool = True,
+    ) -> Outcome[T]:
+        """:meth:`process` past its arguments' checks (``precount``: false for a later
+        copy of a key in a batch, see :meth:`_one_by_one`)."""
         if not self.events:
-            return await self._process(key, payload, handler, connection, delivery, joined)
+            return await self._process(
+                key, payload, handler, connection, delivery, joined, precount=precount
+            )
 
         async def timed_run(timed: Callable[[Any, AsyncTx], Awaitable[T]]) -> Outcome[T]:
-            return await self._process(key, payload, timed, connection, delivery, joined)
+            return await self._process(
+                key, payload, timed, connection, delivery, joined, precount=precount
+            )
 
         return await observed(self.events, self.consumer, key, delivery, handler, timed_run)
 
@@ -293,6 +320,8 @@ class AsyncInbox:
         connection: Any,
         delivery: Delivery | None,
         joined: Any = None,
+        *,
+        precount: bool = True,
     ) -> Outcome[T]:
         key = validate_key(key)
         fp = fingerprint(payload, custom=self._fingerprint, fields=self._fields)
@@ -304,7 +333,16 @@ class AsyncInbox:
             if replay is not None:
                 self._count_replay(True)
                 return self._replay(replay)
-        own = await self._precount(key, fp) if self.precount_attempts else None
+        own = None
+        if (
+            precount
+            and self.precount_attempts
+            and (connection is None or self.store.dialect != _ONE_WRITER)
+        ):
+            # joined to a SQLite transaction, the mark could only be written in it (another
+            # connection waits for its write lock): it would roll back with a crash like the
+            # claim, so there is none; a failure is counted as usual (spec §1.3.3)
+            own = await self._precount(key, fp)
         committing: Taken | None = None  # the handler and the completion succeeded
 
         async def hold(session: AsyncSession, taken: Taken) -> Outcome[T]:
@@ -548,6 +586,14 @@ class AsyncInbox:
         ``precount_attempts``), the batch handler is called once per new message, and a
         failure fails that message alone.
 
+        With ``precount_attempts``, each message's attempt is counted before it runs, on
+        a connection of its own (PostgreSQL, MySQL, memory); a later copy of a key is
+        not (the batch holds the key's row; its first copy counted). On SQLite the batch's
+        transaction holds the database's write lock from its start, so nothing is
+        precounted: a failing message is counted as usual, a worker killed inside the
+        batch counts nothing (spec §1.3.3; broker consumers count it with the broker's
+        delivery count).
+
         Args:
             items: :class:`BatchItem` or ``(key, payload[, delivery])`` tuples.
             handler: as for :meth:`process`, called once per new message.
@@ -636,6 +682,7 @@ class AsyncInbox:
             # store opens its durable transaction only now, so its messages can join it
             await begin()
         joined = outer.connection
+        run: set[str] = set()  # the keys claimed in this transaction so far
         for i in order:
             item = batch[i]
             if failed is not None and i == failed.index:
@@ -648,7 +695,12 @@ class AsyncInbox:
                     seen.handler_ended()
                     seen.raised(failed.exc)
                 continue
-            await self._alone_in_batch(outer, item, i, outcomes, handler, joined)
+            # A later copy of a key is not precounted: the batch's transaction holds its
+            # row (a mark written elsewhere would wait for it), and its first copy's
+            # precount already counts the key's attempt.
+            again = str(item.key) in run
+            run.add(str(item.key))
+            await self._alone_in_batch(outer, item, i, outcomes, handler, joined, again)
 
     async def _alone_in_batch(
         self,
@@ -658,12 +710,20 @@ class AsyncInbox:
         outcomes: list[Outcome[T] | None],
         handler: Callable[[Any, AsyncTx], Awaitable[T]],
         joined: Any,
+        again: bool = False,
     ) -> None:
-        """One message of a batch through :meth:`process`, in a savepoint of ``outer``."""
+        """One message of a batch through :meth:`process`, in a savepoint of ``outer``
+        (``again``: a later copy of a key, not precounted)."""
         try:
-            outcomes[i] = await self.process(
-                item.key, item.payload, handler, connection=joined, delivery=item.delivery
-            )
+            if again:
+                connection, sa = await join_async(joined)
+                outcomes[i] = await self._deliver(
+                    item.key, item.payload, handler, connection, item.delivery, sa, precount=False
+                )
+            else:
+                outcomes[i] = await self.process(
+                    item.key, item.payload, handler, connection=joined, delivery=item.delivery
+                )
         except (StoreUnavailable, TransactionEnded):
             raise  # the batch's transaction is lost or was ended: all or nothing
         except Exception as exc:

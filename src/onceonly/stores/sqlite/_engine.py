@@ -14,6 +14,7 @@ import sqlite3
 from typing import TYPE_CHECKING, Any
 
 from onceonly.stores._engine_pool import EngineConnections
+from onceonly.stores.sqlite._rows import _in_transaction, _translate
 from onceonly.stores.sqlite._store import SQLiteStore
 
 __all__ = ["SQLiteEngineStore"]
@@ -51,14 +52,17 @@ class SQLiteEngineStore(SQLiteStore):
             self._saved[id(conn)] = (conn.isolation_level, busy)
             self._busy[id(conn)] = busy
             conn.isolation_level = None  # the store sends BEGIN IMMEDIATE itself
-        except BaseException:
+        except BaseException as exc:
             self._engine_connections.give_back(conn, broken=True)
+            if isinstance(exc, sqlite3.Error):  # a closed connection: StoreUnavailable
+                raise _translate(exc) from exc
             raise
         return conn
 
     def _release(self, conn: sqlite3.Connection) -> None:
         isolation, busy = self._saved.pop(id(conn))
-        broken = conn.in_transaction  # never hand back a connection with a transaction
+        # never hand back a connection with a transaction, nor a closed one
+        broken = _in_transaction(conn) is not False
         if not broken:
             try:
                 if self._busy.pop(id(conn), busy) != busy:

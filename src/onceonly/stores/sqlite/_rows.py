@@ -25,6 +25,7 @@ __all__ = [
     "_COLUMNS",
     "_busy_timeout_ms",
     "_errors",
+    "_in_transaction",
     "_insert_values",
     "_record",
     "_row_values",
@@ -124,6 +125,10 @@ def _written(
 
 def _translate(exc: sqlite3.Error, *, begin: bool = False) -> OnceOnlyError:
     """The error to raise (``from exc``) for a sqlite3 error of the store's own statements."""
+    if isinstance(exc, sqlite3.ProgrammingError) and "closed database" in str(exc):
+        # the connection was closed (by a handler, through tx.connection): nothing of
+        # its transaction committed; the next one runs on a fresh connection
+        return StoreUnavailable(f"the SQLite connection was closed: {exc}")
     if "file is not a database" in str(exc):  # SQLITE_NOTADB
         # the URL names a file that is not a SQLite database: retrying cannot help
         return ConfigurationError(f"the store's file is not a SQLite database ({exc})")
@@ -143,6 +148,15 @@ def _translate(exc: sqlite3.Error, *, begin: bool = False) -> OnceOnlyError:
         # only the store's own statements come through here, never the handler's
         return NotMigrated(f"a table of the store is missing; run store.migrate() first ({text})")
     return StoreError(f"SQLite failed: {text}")
+
+
+def _in_transaction(conn: sqlite3.Connection) -> bool | None:
+    """``conn.in_transaction``, or ``None`` when the connection is closed (the getter
+    raises ``ProgrammingError`` for nothing else)."""
+    try:
+        return conn.in_transaction
+    except sqlite3.ProgrammingError:
+        return None
 
 
 @contextmanager

@@ -35,6 +35,7 @@ from onceonly._core.state import Expect, Record, Write
 from onceonly.errors import (
     ConfigurationError,
     OnceOnlyError,
+    StoreUnavailable,
     TransactionEnded,
 )
 from onceonly.stores._outbox_sql import SCHEMA_VERSION as OUTBOX_SCHEMA_VERSION
@@ -44,6 +45,7 @@ from onceonly.stores.sqlite._rows import (
     _COLUMNS,
     _busy_timeout_ms,
     _errors,
+    _in_transaction,
     _insert_values,
     _record,
     _translate,
@@ -182,10 +184,20 @@ class SQLiteSession:
         return self._conn.execute(sql, tuple(params) if params is not None else ())
 
     def health(self) -> TxHealth:
-        """ENDED when the transaction this session began (or joined) is over."""
-        if self._transactional and not self._conn.in_transaction:
+        """ENDED when the transaction this session began (or joined) is over; LOST when
+        its connection was closed (by a handler: it took the transaction with it)."""
+        in_transaction = _in_transaction(self._conn)
+        if in_transaction is None:
+            return TxHealth.LOST
+        if self._transactional and not in_transaction:
             return TxHealth.ENDED
         return TxHealth.OK
+
+    def _in_transaction(self) -> bool:
+        """Whether the connection is inside a transaction (a closed one raises
+        :class:`~onceonly.StoreUnavailable`)."""
+        with _errors():
+            return self._conn.in_transaction
 
     def claim(self, scope: str, key: str, write: Write) -> Snapshot:
         if self._deferred and self._pending is None:
@@ -213,7 +225,7 @@ class SQLiteSession:
         A transaction that ended meanwhile took the claim with it: it is dropped.
         """
         pending, self._pending = self._pending, None
-        if pending is None or not self._conn.in_transaction:
+        if pending is None or not self._in_transaction():
             return
         scope, key, write, now = pending
         try:
@@ -247,7 +259,7 @@ class SQLiteSession:
     ) -> Record | None:
         """``update`` of the pending claim: one insert of the claim carrying ``write``."""
         self._pending = None
-        if not self._conn.in_transaction:
+        if not self._in_transaction():
             return None  # the transaction ended, and the claim with it: not ours any more
         scope, key, claimed, created = pending
         if write.keep_checkpoint and write.checkpoint != claimed.checkpoint:
@@ -302,7 +314,7 @@ class SQLiteSession:
         a long transaction would be born already spent. In a transaction the lock is
         held already.
         """
-        if self._conn.in_transaction:
+        if self._in_transaction():
             yield
             return
         with _errors(begin=True):
@@ -385,11 +397,15 @@ class _Transaction:
         conn = self._conn
         self._fence.armed = False
         try:
+            in_transaction = _in_transaction(conn)
             if exc_type is not None:
-                if conn.in_transaction:
+                if in_transaction:
                     conn.rollback()
                 return  # the exception propagates
-            if not conn.in_transaction:
+            if in_transaction is None:
+                # closed inside the session (by a handler): its transaction went with it
+                raise StoreUnavailable("the SQLite connection was closed inside the session")
+            if not in_transaction:
                 # COMMIT now would report writes that are not ours to report
                 raise TransactionEnded("the transaction was ended inside the session")
             try:
@@ -524,19 +540,27 @@ class SQLiteStore:
             if self._pool_pid != _pid[0]:  # forked: the parent's connections are not ours
                 self._pool = []
                 self._pool_pid = _pid[0]
-            if self._pool:
-                return self._pool.pop()
+            while self._pool:
+                conn = self._pool.pop()
+                if _in_transaction(conn) is not None:
+                    return conn
+                self._forget(conn)  # closed after it was given back (a kept tx.connection)
         return self._connect()
 
     def _release(self, conn: sqlite3.Connection) -> None:
-        if not conn.in_transaction:  # never hand out a connection with an open transaction
+        # never hand out a connection with an open transaction, nor a closed one
+        if _in_transaction(conn) is False:
             with self._lock:
                 if not self._closed and self._pool_pid == _pid[0] and len(self._pool) < 16:
                     self._pool.append(conn)
                     return
+        self._forget(conn)
+        conn.close()  # (closing a closed connection does nothing)
+
+    def _forget(self, conn: sqlite3.Connection) -> None:
+        """Drop what is kept of ``conn`` by id (its id may be reused by a new one)."""
         self._busy.pop(id(conn), None)
         self._fences.pop(id(conn), None)
-        conn.close()
 
     # -- the contract
     @property
@@ -609,14 +633,18 @@ class SQLiteStore:
                 if own is not None:
                     own.armed = was_armed
                 else:
-                    conn.set_authorizer(None)
+                    with suppress(sqlite3.ProgrammingError):  # closed inside the session
+                        conn.set_authorizer(None)
         except BaseException:
-            if conn.in_transaction:
+            if _in_transaction(conn):
                 with suppress(sqlite3.OperationalError):  # gone with the ended transaction
                     conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
                     conn.execute(f"RELEASE SAVEPOINT {name}")
             raise
-        if session.health() is not TxHealth.OK:
+        health = session.health()
+        if health is TxHealth.LOST:
+            raise StoreUnavailable("the caller's SQLite connection was closed inside the session")
+        if health is not TxHealth.OK:
             raise TransactionEnded("the caller's transaction was ended inside the session")
         try:
             conn.execute(f"RELEASE SAVEPOINT {name}")
