@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -257,3 +258,44 @@ async def test_async_batch(async_store: Any) -> None:
     assert isinstance(out[2].error, ValueError)
     again = await inbox.process_batch(items("a", "b"), handler)
     assert all(o.replayed for o in again) and sorted(calls) == ["a", "b", "x"]
+
+
+@pytest.mark.parametrize("kind", ["postgres", "pgpart", "pgbouncer", "mysql"])
+@pytest.mark.parametrize("form", ["process", "process_batch"])
+def test_a_precounted_duplicate_waits_no_longer_than_wait(
+    kind: str, form: str, tmp_path: Path
+) -> None:
+    """With ``precount_attempts``, a delivery of a key another delivery holds in its
+    transaction waits at most ``wait``, then InFlight (spec §1.2), in process() and in a
+    batch (found black-box: the precount's own write waited for the holder's whole run)."""
+    factory = StoreFactory(kind, tmp_path)  # (SQLite locks the whole database, not a key)
+    store = factory()
+    store.migrate()
+    holder = onceonly.Inbox(store, consumer="c", wait=30.0)
+    inbox = onceonly.Inbox(store, consumer="c", wait=0.5, precount_attempts=True)
+    started, release = threading.Event(), threading.Event()
+
+    def hold(payload: Any, tx: onceonly.Tx) -> Any:
+        started.set()
+        release.wait(10)
+        return payload
+
+    th = threading.Thread(target=lambda: holder.process("held", 1, hold))
+    th.start()
+    try:
+        assert started.wait(10)
+        t0 = time.monotonic()
+        if form == "process":
+            with pytest.raises(onceonly.InFlight):
+                inbox.process("held", 1, lambda m, tx: m)
+        else:
+            out = inbox.process_batch([("held", 1), ("other", 2)], lambda m, tx: m)
+            assert isinstance(out[0].error, onceonly.InFlight) and out[1].result == 2
+        assert time.monotonic() - t0 < 4.0  # about `wait`, not the holder's run
+    finally:
+        release.set()
+        th.join(10)
+    try:
+        assert inbox.process("held", 1, lambda m, tx: m).replayed
+    finally:
+        factory.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -491,3 +492,55 @@ def test_a_handler_that_commits_leaves_the_earlier_messages_completed(
 
     out = inbox.process_batch(batch, plain)
     assert [(o.replayed, o.attempt) for o in out] == [(True, 1), (False, 2), (False, 1)]
+
+
+def test_batches_lock_in_one_order_whatever_the_collation() -> None:
+    """On a database whose collation puts 'a' before 'B' (ICU en-US), a set-based batch
+    and a per-key one (``precount_attempts``) over the same keys lock them in the same
+    (code-point) order: both end in about the handler's time (found black-box: the
+    set-based statement locked in the collation's order, the per-key batch in Python's,
+    and the cycle through the precount's own connection stalled both for ``wait``)."""
+    name = f"icu_{uuid.uuid4().hex[:10]}"
+    base = PG_URL.rsplit("/", 1)[0]
+    with psycopg.connect(PG_URL, autocommit=True) as c:
+        c.execute(
+            f"CREATE DATABASE {name} LOCALE_PROVIDER icu ICU_LOCALE 'en-US' "
+            "LOCALE 'C.UTF-8' TEMPLATE template0"
+        )
+    store = onceonly.open_store(f"{base}/{name}", outbox_table=None)
+    try:
+        store.migrate()
+        per_key_inbox = onceonly.Inbox(store, consumer="c", wait=10.0, precount_attempts=True)
+        set_based = onceonly.Inbox(store, consumer="c", wait=10.0)
+        took: dict[str, float] = {}
+        errors: list[BaseException] = []
+
+        def handler(payload: Any, tx: onceonly.Tx) -> Any:
+            if tx.key == "B":
+                time.sleep(1.0)  # the per-key batch holds B's claim meanwhile
+            return payload
+
+        def run(label: str, inbox: onceonly.Inbox, delay: float) -> None:
+            time.sleep(delay)
+            started = time.monotonic()
+            try:
+                outcomes = inbox.process_batch([("B", 1), ("a", 1)], handler)
+                errors.extend(o.error for o in outcomes if o.error is not None)
+            except BaseException as exc:
+                errors.append(exc)
+            took[label] = time.monotonic() - started
+
+        threads = [
+            threading.Thread(target=run, args=("per_key", per_key_inbox, 0.0)),
+            threading.Thread(target=run, args=("set_based", set_based, 0.3)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors
+        assert took["per_key"] < 5.0 and took["set_based"] < 5.0, took  # not `wait`
+    finally:
+        store.close()
+        with psycopg.connect(PG_URL, autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

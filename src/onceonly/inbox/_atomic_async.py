@@ -458,7 +458,7 @@ class AsyncInbox:
         return outcome
 
     async def _precount(self, key: str, fp: str | None) -> int | None:
-        """Count this attempt before running it, in its own autocommit write (opt-in).
+        """Count this attempt before running it, in a write committed first (opt-in).
 
         A worker that dies inside the handler commits nothing in atomic mode, so without
         this the attempt is never counted. The mark is a ``failed`` record under a token
@@ -468,7 +468,9 @@ class AsyncInbox:
         scope = self.consumer
         for _ in range(_PRECOUNT_RACES):
             token = new_token()
-            async with self.store.session() as session:
+            # a transaction of its own, so that waiting for a key another delivery holds
+            # is bounded by ``wait`` (then InFlight), as the claim's own wait is
+            async with self.store.transaction(lock_wait=self.wait) as session:
                 mark = precount_write(None, 0.0, fp, self.policy, token)
                 assert mark.write is not None
                 snap = await session.claim(scope, key, mark.write)
@@ -797,7 +799,11 @@ class AsyncInbox:
                 outcomes[i] = Outcome(None, False, key, 0, error=exc)  # type: ignore[arg-type]
                 continue
             if isinstance(got, Replay):
-                outcomes[i] = self._replay(got)
+                try:
+                    outcomes[i] = self._replay(got)
+                except Exception as exc:  # a cached error: the message's outcome carries
+                    # it, as a failing message's does (one key at a time does the same)
+                    outcomes[i] = Outcome(None, False, key, 0, error=exc)  # type: ignore[arg-type]
             elif isinstance(got, DeadLettered):
                 outcomes[i] = Outcome(None, False, key, 0, error=got)  # type: ignore[arg-type]
             elif isinstance(got, Decision):  # held under a live lease by another worker

@@ -3,7 +3,9 @@
 
 * ``claim_many``: the claims of every key of a batch in one statement. Rows are
   written (new keys) or row-locked (existing keys: ``ON CONFLICT DO UPDATE … WHERE
-  false`` locks the conflicting row without changing it) **in key order**, so two
+  false`` locks the conflicting row without changing it) **in key order** (code-point
+  order, ``COLLATE "C"``: Python's order, which the per-key path follows, whatever the
+  database's collation), so two
   batches sharing keys lock them in the same order, like one key at a time would, and
   do not deadlock; after it, every key of the batch is this transaction's to write
   (no later statement of the batch waits for a row lock). Each key's row is
@@ -60,7 +62,7 @@ def _claim_many(bounded: bool) -> str:
         f"ins AS (INSERT INTO {{t}} AS r ({_COLUMNS}) SELECT %s, i.key, i.state, "
         "i.fingerprint, i.token, i.attempts, n.ts + make_interval(secs => i.lease), i.result, "
         "i.error, i.payload, i.checkpoint, n.ts, n.ts, CASE WHEN i.completed THEN n.ts END, "
-        f"n.ts + make_interval(secs => i.ttl) FROM i, {source} ORDER BY i.key "
+        f"n.ts + make_interval(secs => i.ttl) FROM i, {source} ORDER BY i.key COLLATE \"C\" "
         # lock the existing rows too, in the same (key) order: WHERE false changes nothing
         "ON CONFLICT (scope, key) DO UPDATE SET state = r.state WHERE false "
         "RETURNING r.key, date_part('epoch', r.updated_at) AS now)"
