@@ -276,19 +276,16 @@ def patch_acks(broker: str, on_ack: Any) -> None:
 
         msg_cls.ack = msg_ack
     elif broker == "redis":
-        # the transport queues each XACK to send it with its next read (one script) or
-        # alone a turn later: a kill here, with the commit done, loses this ack and any
-        # queued one
-        from onceonly.brokers.redis_streams._transport import RedisStreamsTransport
+        import redis.asyncio
 
-        streams_cls: Any = RedisStreamsTransport
-        original_queue = streams_cls.ack
+        redis_cls: Any = redis.asyncio.Redis
+        original_xack = redis_cls.xack
 
-        async def queue_ack(self: Any, d: Any) -> None:
-            on_ack(1)
-            await original_queue(self, d)
+        async def xack(self: Any, name: Any, groupname: Any, *ids: Any) -> Any:
+            on_ack(len(ids))
+            return await original_xack(self, name, groupname, *ids)
 
-        streams_cls.ack = queue_ack
+        redis_cls.xack = xack
     elif broker == "sqs":
         from onceonly.brokers.sqs._transport import SqsTransport
 
