@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -111,13 +110,8 @@ def id_text(value: object, what: str) -> str:
 
 def valid_id(message_id: object) -> str:
     key = validate_key(message_id, what="message id")
-    if not key.isascii():
-        try:  # strict UTF-8 refuses exactly the surrogates (U+D800..U+DFFF)
-            key.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidKey(
-                "message id contains a lone surrogate (it is not valid UTF-8)"
-            ) from None
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in key):
+        raise InvalidKey("message id contains a lone surrogate (it is not valid UTF-8)")
     return key
 
 
@@ -135,7 +129,6 @@ def decode_body(body: bytes, content_type: str | None = None) -> Any:
     return json.loads(body)
 
 
-@functools.lru_cache(maxsize=64)  # a consumer sees few content types, again and again
 def is_json(content_type: str) -> bool:
     """``application/json``, ``text/json`` or a ``+json`` type, parameters ignored."""
     media = content_type.split(";", 1)[0].strip().lower()

@@ -48,7 +48,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -280,29 +280,20 @@ class ConsumerLoop:
                 ):
                     self._dispatch(pending, stop)
                     pending = []
-                inline: Awaitable[Sequence[Incoming]] | None = None
                 if receiving is None:
                     if stop.is_set() or (
                         not pending and not await self._take_slots(stop, cautious)
                     ):
                         break
                     limit = 1 if cautious else self._free
-                    if pending:  # the read runs beside the batch that gathers
-                        receiving = asyncio.ensure_future(self.transport.receive(limit))
-                    else:  # nothing to do until it returns: no task of its own
-                        inline = self.transport.receive(limit)
-                if receiving is not None:
-                    wait = max(0.0, since + self.batch_wait - time.monotonic()) if pending else None
-                    await asyncio.wait({receiving}, timeout=wait)
-                    if not receiving.done():
-                        continue  # the batch waited long enough; the receive goes on
+                    receiving = asyncio.ensure_future(self.transport.receive(limit))
+                wait = None if not pending else max(0.0, since + self.batch_wait - time.monotonic())
+                await asyncio.wait({receiving}, timeout=wait)
+                if not receiving.done():
+                    continue  # the batch waited long enough; the receive goes on
                 got, receiving = receiving, None
                 try:
-                    if inline is not None:
-                        batch = await inline
-                    else:
-                        assert got is not None
-                        batch = got.result()
+                    batch = got.result()
                     failures = 0
                 except BrokerUnavailable as exc:
                     failures += 1
@@ -404,11 +395,8 @@ class ConsumerLoop:
             self._in_flight[id(d)] = d
         try:
             try:
-                if self.batch_size == 1:  # one slot each: never more than `concurrency`
+                async with self._running:  # at most `concurrency` transactions
                     settlements = await self._process(ds, stop)
-                else:
-                    async with self._running:  # at most `concurrency` transactions
-                        settlements = await self._process(ds, stop)
             except asyncio.CancelledError:
                 # shutdown could not wait: the transaction rolled back; hand them back
                 for d in ds:
@@ -419,12 +407,9 @@ class ConsumerLoop:
                 settlements = [
                     unexpected(exc, self.deliveries.delay(d.delivery_count or 1)) for d in ds
                 ]
-            if len(ds) == 1:  # no task of its own: its slot frees in this same step
-                await self._settle_one(ds[0], settlements[0], stop)
-            else:
-                await asyncio.gather(
-                    *(self._settle_one(d, s, stop) for d, s in zip(ds, settlements, strict=True))
-                )
+            await asyncio.gather(
+                *(self._settle_one(d, s, stop) for d, s in zip(ds, settlements, strict=True))
+            )
         finally:
             for d in ds:
                 self._in_flight.pop(id(d), None)
@@ -514,7 +499,7 @@ class ConsumerLoop:
             await t.ack(d)
             if v.reason:
                 log.warning("%s: acked (%s: %s)", label, v.reason, v.error)
-            elif log.isEnabledFor(logging.DEBUG):
+            else:
                 log.debug("%s: acked%s", label, " (replayed)" if s.replayed else "")
             return
         if v.action is Action.RETRY:

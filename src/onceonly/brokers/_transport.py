@@ -83,10 +83,7 @@ class Transport(Protocol):
         """Make a ``receive`` waiting with no poll timeout return now (the loop stops)."""
 
     async def ack(self, d: Incoming) -> None:
-        """Acknowledge: the broker forgets the message. May return once the ack is
-        queued rather than confirmed (Redis Streams sends it with the next read), if the
-        transport then sends it (by :meth:`close` at the latest) and, when that fails,
-        lets the message come back to be replayed."""
+        """Acknowledge: the broker forgets the message."""
 
     async def retry(self, d: Incoming, delay: float) -> None:
         """Hand the message back, to be redelivered after ``delay`` (0: at once)."""

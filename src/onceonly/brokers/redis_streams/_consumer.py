@@ -16,12 +16,8 @@ Publisher (:class:`RedisStreamsPublisher`):
 Consumer (:class:`RedisStreamsConsumer`), one member of a consumer group:
 
 * every entry runs ``inbox.process(message_id, payload, handler)`` and is XACKed only
-  after the inbox's commit (or its replay of a completed key); the XACK rides with the
-  consumer's next read, in one round trip (a script: one XACK for every entry settled
-  meanwhile, then XREADGROUP without blocking; a blocking XREADGROUP follows only when
-  no new entry is there), or goes alone when no read follows within a few
-  milliseconds. An XACK that fails leaves the entry pending here: it is fetched again
-  at once, replayed by the inbox and acked;
+  after the inbox's commit (or its replay of a completed key); entries settled while
+  an XACK is on the wire share the next XACK, and each waits for its own;
 * a dead entry is first XADDed (confirmed) to the dead-letter stream with the
   ``onceonly-*`` headers and only then XACKed. If that XADD fails the entry is not
   acked: never a silent drop;

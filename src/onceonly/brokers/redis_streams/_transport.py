@@ -1,19 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Redis Streams as a :class:`~onceonly.brokers._loop.Transport`: one member of a
 consumer group (XREADGROUP, XAUTOCLAIM of idle entries, XCLAIM of its own failed
-entries when their backoff is over, batched XACK, idle-time resets as the lease).
-
-Acks ride with reads. :meth:`RedisStreamsTransport.ack` queues the entry id (the inbox
-has committed) and returns; when the loop starts its next read within the same turn of
-the event loop (as it does once the acked delivery's slot is free), one script XACKs the
-queued ids and then reads new entries without blocking: one round trip (EVALSHA), the
-XACK before Redis hands out more entries. Only when that finds no new entry does a
-blocking XREADGROUP follow (an idle stream). While a read is already on the wire, the
-queued ids wait for it to end (at most :data:`ACK_LINGER`) and ride with the read the
-loop starts next; ids that no read takes (an idle stream, a batch gathering, a stop) go
-as one XACK of their own. An XACK that fails leaves its entries pending here: they are
-fetched again at once (XCLAIM), the inbox replays them and they are acked again.
-:meth:`~RedisStreamsTransport.close` sends what is still queued."""
+entries when their backoff is over, batched XACK, idle-time resets as the lease)."""
 
 from __future__ import annotations
 
@@ -21,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio
@@ -35,10 +23,6 @@ from onceonly.errors import BrokerUnavailable, ConfigurationError
 __all__ = ["RedisStreamsTransport"]
 
 HEARTBEAT_BATCH = 500
-#: The longest an ack waits for a read on the wire to end (then the read after it takes
-#: the ack), before it is sent alone: a read returns at once on a busy stream, and
-#: blocks up to ``block_ms`` on an idle one.
-ACK_LINGER = 0.005
 
 # Reset the idle time of the entries this consumer still owns; returns the ids kept.
 _HEARTBEAT = """
@@ -62,14 +46,6 @@ local e = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3])
 if #e == 0 or not e[1][2] then return {} end
 p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 return {e[1], p[1][4]}
-"""
-
-# Acknowledge ARGV[4..] (acked after their commit), then read up to ARGV[3] new entries
-# without blocking (a script cannot block): one round trip, the XACK first.
-_ACK_READ = """
-if #ARGV > 3 then redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 4)) end
-return {0, redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
-                      'STREAMS', KEYS[1], '>')}
 """
 
 # Leave the group on a clean stop, unless entries are still pending on this consumer.
@@ -134,7 +110,6 @@ class RedisStreamsTransport:
         self._heartbeat = client.register_script(_HEARTBEAT)
         self._refetch = client.register_script(_REFETCH)
         self._leave = client.register_script(_LEAVE)
-        self._ack_read = client.register_script(_ACK_READ)
         self._forget = client.register_script(_FORGET_IDLE)
         self.forget_idle = forget_idle
         self._next_forget = 0.0
@@ -143,11 +118,9 @@ class RedisStreamsTransport:
         self._next_claim = 0.0
         self._claim_cursor = "0-0"
         self._stopping = False
-        self._ack_ids: list[str] = []  # acked here, not sent yet
-        self._ack_task: asyncio.Task[None] | None = None  # sends them unless a read does
-        self._flush_armed = False  # a look at the queued acks is due (_flush_check)
-        self._read_starting = False  # receive() was called; its read takes the acks
-        self._read_done: asyncio.Future[None] | None = None  # of the read on the wire
+        self._ack_ids: list[str] = []  # acks waiting for the next XACK
+        self._ack_done: asyncio.Future[None] | None = None  # resolved by that XACK
+        self._ack_task: asyncio.Task[None] | None = None
 
     async def ensure_group(self) -> None:
         """Create the group (and the stream) unless it exists."""
@@ -163,7 +136,7 @@ class RedisStreamsTransport:
             ) from exc
 
     async def open(self) -> None:
-        self._stopping = self._read_starting = False
+        self._stopping = False
         self._next_claim, self._claim_cursor = 0.0, "0-0"
         await self.ensure_group()
         self._next_forget = 0.0
@@ -188,16 +161,8 @@ class RedisStreamsTransport:
 
     # -- receiving ------------------------------------------------------------------
 
-    def receive(self, limit: int) -> Coroutine[Any, Any, Sequence[Incoming]]:
-        # Not a coroutine function: the acks queued so far are promised to this read
-        # when the loop asks for it, before the flusher's next turn.
-        self._read_starting = True
-        return self._receive(limit)
-
-    async def _receive(self, limit: int) -> Sequence[Incoming]:
-        self._read_starting = False
+    async def receive(self, limit: int) -> Sequence[Incoming]:
         out: list[Incoming] = []
-        self._read_done = done = asyncio.get_running_loop().create_future()
         try:
             await self._forget_idle()
             await self._refetch_due(limit, out)
@@ -205,8 +170,6 @@ class RedisStreamsTransport:
                 await self._autoclaim(limit - len(out), out)
             if len(out) < limit:
                 await self._read_new(limit - len(out), out)
-            elif self._ack_ids:  # refetched and taken-over entries filled it: no read
-                await self._send_acks()
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
@@ -216,8 +179,6 @@ class RedisStreamsTransport:
             if out:
                 return out
             raise BrokerUnavailable(f"read from {self.stream} failed: {exc!r}") from exc
-        finally:
-            done.set_result(None)
         return out
 
     def _block_ms(self) -> int:
@@ -228,28 +189,12 @@ class RedisStreamsTransport:
         return max(1, min(self.block_ms, until))
 
     async def _read_new(self, free: int, out: list[Incoming]) -> None:
-        """Up to ``free`` new entries. With acks queued: one script XACKs them and reads
-        without blocking, in one round trip; only when that finds no new entry does a
-        blocking XREADGROUP follow. Acks whose script failed go to the flusher."""
-        count = min(free, self.count)
-        acks, self._ack_ids = self._ack_ids, []
-        if acks:
-            try:
-                reply: Any = await self._ack_read(
-                    keys=[self.stream], args=[self.group, self.consumer_name, count, *acks]
-                )
-            except BaseException:
-                self._ack_ids[:0] = acks  # maybe not sent: on their own (or close())
-                self._flush_soon()
-                raise
-            for _, entries in reply[1] or ():
-                for entry_id, flat in entries:
-                    fields = dict(zip(flat[::2], flat[1::2], strict=True))
-                    out.append(self._incoming(wire.text(entry_id), fields, 1))
-            if out:
-                return
-        reply = await self.client.xreadgroup(
-            self.group, self.consumer_name, {self.stream: ">"}, count=count, block=self._block_ms()
+        reply: Any = await self.client.xreadgroup(
+            self.group,
+            self.consumer_name,
+            {self.stream: ">"},
+            count=min(free, self.count),
+            block=self._block_ms(),
         )
         for _, entries in reply or ():
             for entry_id, fields in entries:
@@ -326,61 +271,31 @@ class RedisStreamsTransport:
         """Nothing to wake: ``receive`` returns within its poll timeout."""
 
     async def ack(self, d: Incoming) -> None:
-        """Queue the XACK (see the module): it rides with the next read, else goes alone
-        a turn later, in one XACK with the others queued meanwhile."""
+        """XACK, in one XACK with the others acked meanwhile; wait for it."""
         entry_id = d.raw.entry_id
         self._active.discard(entry_id)
+        if self._ack_done is None:
+            self._ack_done = asyncio.get_running_loop().create_future()
+        done = self._ack_done
         self._ack_ids.append(entry_id)
-        self._flush_soon()
-
-    def _flush_soon(self) -> None:
-        """Look at the queued acks one turn from now (two callbacks: after the loop's
-        step that this ack's slot wakes, which starts the next read if there is one); a
-        task only when a read is on the wire or the acks must go alone."""
-        if self._flush_armed or not (self._ack_task is None or self._ack_task.done()):
-            return  # a look is due, or the running flush sees these too
-        self._flush_armed = True
-        loop = asyncio.get_running_loop()
-        loop.call_soon(loop.call_soon, self._flush_check)
-
-    def _flush_check(self) -> None:
-        self._flush_armed = False
-        if not self._ack_ids or self._read_starting:
-            return  # a read the loop has started takes them
         if self._ack_task is None or self._ack_task.done():
             self._ack_task = asyncio.ensure_future(self._flush_acks())
+        await asyncio.shield(done)
 
     async def _flush_acks(self) -> None:
-        deadline = time.monotonic() + ACK_LINGER
-        while self._ack_ids and not self._read_starting:
-            reading, left = self._read_done, deadline - time.monotonic()
-            if reading is None or reading.done() or left <= 0:
-                await self._send_acks()
-                continue
-            # a read is on the wire: on a busy stream it returns at once, and the read
-            # the loop starts next (in that same turn) takes these acks
-            await asyncio.wait({reading}, timeout=left)
-            await asyncio.sleep(0)
-
-    async def _send_acks(self) -> None:
-        ids, self._ack_ids = self._ack_ids, []
-        try:
-            await self.client.xack(self.stream, self.group, *ids)
-        except (RedisError, OSError) as exc:
-            self._ack_failed(ids, exc)
-        except BaseException:
-            self._ack_ids[:0] = ids  # cancelled: close() sends them
-            raise
-
-    def _ack_failed(self, ids: list[str], exc: BaseException) -> None:
-        """The XACK of ``ids`` failed (maybe after Redis ran it): fetch them again at
-        once, to be replayed and acked (when stopping: left pending, for a takeover or
-        the next run)."""
-        self.log.warning("%s: XACK of %d entries failed: %r", self.where, len(ids), exc)
-        if not self._stopping:
-            now = time.monotonic()
-            for entry_id in ids:
-                self._retry_at[entry_id] = now
+        while self._ack_ids:
+            ids, done = self._ack_ids, self._ack_done
+            self._ack_ids, self._ack_done = [], None
+            assert done is not None
+            try:
+                await self.client.xack(self.stream, self.group, *ids)
+            except BaseException as exc:
+                done.set_exception(exc)
+                done.exception()  # retrieved: every waiter may have been cancelled
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                done.set_result(None)
 
     async def retry(self, d: Incoming, delay: float) -> None:
         """Leave it pending here, fetched again after ``delay`` (when stopping: left
@@ -411,15 +326,11 @@ class RedisStreamsTransport:
 
     async def stop_receiving(self) -> None:
         self._stopping = True
-        self._read_starting = False  # a read cancelled before it started takes nothing
 
     async def close(self, graceful: bool) -> None:
         self._retry_at.clear()
-        self._read_starting = False
         if self._ack_task is not None:
             await asyncio.gather(self._ack_task, return_exceptions=True)
-        while self._ack_ids:
-            await self._send_acks()
         if graceful:
             try:
                 await self._leave(keys=[self.stream], args=[self.group, self.consumer_name])
