@@ -62,7 +62,7 @@ def _claim_many(bounded: bool) -> str:
         f"ins AS (INSERT INTO {{t}} AS r ({_COLUMNS}) SELECT %s, i.key, i.state, "
         "i.fingerprint, i.token, i.attempts, n.ts + make_interval(secs => i.lease), i.result, "
         "i.error, i.payload, i.checkpoint, n.ts, n.ts, CASE WHEN i.completed THEN n.ts END, "
-        f"n.ts + make_interval(secs => i.ttl) FROM i, {source} ORDER BY i.key COLLATE \"C\" "
+        f'n.ts + make_interval(secs => i.ttl) FROM i, {source} ORDER BY i.key COLLATE "C" '
         # lock the existing rows too, in the same (key) order: WHERE false changes nothing
         "ON CONFLICT (scope, key) DO UPDATE SET state = r.state WHERE false "
         "RETURNING r.key, date_part('epoch', r.updated_at) AS now)"
